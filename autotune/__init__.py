@@ -1,0 +1,1 @@
+"""The search: Optuna studies over allreduce configurations (filled by the tuner work)."""

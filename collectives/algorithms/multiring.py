@@ -1,0 +1,208 @@
+"""``multiring``: several rings at once, each a reduce-scatter then an all-gather.
+
+The buffer is cut into one block per rank, each block into ``rings`` pieces; ring *k*
+reduces piece *k* of every block over its own rank order, so concurrent rings load
+different links (PowerAI DDL's multi-ring). Every step's piece is cut into chunks of
+``chunk_bytes``, and the loop is a chunk-level pipeline: as soon as chunk *c* of a step has
+arrived and been reduced, it is sent on for the next step, while later chunks are still in
+flight — so reduction overlaps transfer and no rank waits for a whole segment.
+
+Block *b* always ends on rank *b*, whatever the ring order: after the reduce-scatter each
+rank owns one contiguous block (what ``hierarchical`` builds its grid on). Each element
+is reduced once along the ring and then copied, so results are bitwise identical on all
+ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..orders import ring_orders, validate_order
+from . import register
+from .base import Algorithm, Context
+
+MAX_RINGS = 16
+
+
+def _balanced(count: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` (offset, length) pieces of ``count`` elements, lengths differing by ≤ 1."""
+    base, rem = divmod(count, parts)
+    out, off = [], 0
+    for i in range(parts):
+        ln = base + (1 if i < rem else 0)
+        out.append((off, ln))
+        off += ln
+    return out
+
+
+def _chunks(off: int, length: int, chunk: int) -> list[tuple[int, int]]:
+    """[start, stop) element ranges of ``chunk`` elements covering the piece."""
+    return [(a, min(a + chunk, off + length)) for a in range(off, off + length, chunk)]
+
+
+def check_rings(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RINGS:
+        raise ValueError(f"rings: expected an integer 1..{MAX_RINGS}, got {value!r}")
+    return value
+
+
+def check_chunk_bytes(value: Any) -> int:
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or value < 0
+        or (value and value & (value - 1))
+    ):
+        raise ValueError(
+            f"chunk_bytes: expected 0 (whole segment) or a power of two, got {value!r}"
+        )
+    return value
+
+
+class _Ring:
+    """One ring's precomputed schedule: peers, tag, and per step the chunk ranges."""
+
+    __slots__ = ("nxt", "prv", "tag", "recv", "send", "scratch", "slot")
+
+    def __init__(self, perm: list[int], rank: int, k: int, pieces: list[tuple[int, int]],
+                 chunk: int, steps: int) -> None:
+        n = len(perm)
+        pos = perm.index(rank)
+        self.nxt = perm[(pos + 1) % n]
+        self.prv = perm[(pos - 1) % n]
+        self.tag = 100 + k
+        # Step t receives block perm[pos-t-2] and sends block perm[pos-t-1] (indices mod n):
+        # the same formula holds through the reduce-scatter (t < n-1) and the all-gather.
+        self.recv = [_chunks(*pieces[perm[(pos - t - 2) % n]], chunk) for t in range(steps)]
+        self.send = [_chunks(*pieces[perm[(pos - t - 1) % n]], chunk) for t in range(steps)]
+        self.scratch: Any = None
+        self.slot = chunk
+
+
+@register
+class Multiring(Algorithm):
+    """Concurrent, chunk-pipelined rings; see the module docstring."""
+
+    name = "multiring"
+    param_names = ("rings", "chunk_bytes", "order")
+
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any], world_size: int) -> dict[str, Any]:
+        p = super().check_params(params, world_size)
+        rings = check_rings(p.get("rings", 1))
+        return {
+            "rings": rings,
+            "chunk_bytes": check_chunk_bytes(p.get("chunk_bytes", 0)),
+            "order": validate_order(p.get("order", "topology"), rings, world_size),
+        }
+
+    @classmethod
+    def search_space(cls, trial: Any, world_size: int, nbytes: int) -> dict[str, Any]:
+        rings = trial.suggest_int("multiring.rings", 1, 8)
+        # Chunks from 16 KiB up to the size of one ring's segment; 0 = whole segment.
+        seg = max(1, nbytes // max(1, world_size * rings))
+        choices = [0] + [1 << k for k in range(14, 27) if (1 << k) < seg]
+        chunk = trial.suggest_categorical("multiring.chunk_bytes", choices)
+        order = trial.suggest_categorical("multiring.order", ["topology", "identity"])
+        return {"rings": rings, "chunk_bytes": chunk, "order": order}
+
+    def __init__(self, ctx: Context, count: int, dtype: str, op: str,
+                 params: Mapping[str, Any]) -> None:
+        super().__init__(ctx, count, dtype, op, params)
+        n = ctx.size
+        self.trivial = n == 1 or count == 0
+        if self.trivial:
+            return
+        rings = self.params["rings"]
+        itemsize = _itemsize(dtype)
+        cb = self.params["chunk_bytes"]
+        blocks = _balanced(count, n)
+        maxpiece = -(-max(ln for _, ln in blocks) // rings)
+        chunk = max(1, cb // itemsize) if cb else max(1, maxpiece)
+        perms = ring_orders(self.params["order"], rings, n, ctx.hosts, ctx.topology)
+        self.steps = 2 * (n - 1)
+        self.rings: list[_Ring] = []
+        for k, perm in enumerate(perms):
+            pieces = [(off + o, ln) for off, blen in blocks
+                      for o, ln in [_balanced(blen, rings)[k]]]
+            ring = _Ring(perm, ctx.rank, k, pieces, chunk, self.steps)
+            ring.scratch = ctx.backend.empty(maxpiece, dtype)
+            self.rings.append(ring)
+        self.maxc = [max(len(r.recv[t]) for r in self.rings) for t in range(self.steps)]
+
+    def _post(self, ring: _Ring, t: int, c: int, buf: Any) -> Any:
+        """Post batch (t, c): send chunk c of step t's send block, receive chunk c of step t's
+        receive block (into scratch during the reduce-scatter, into ``buf`` after)."""
+        sends, recvs = [], []
+        if c < len(ring.send[t]):
+            a, b = ring.send[t][c]
+            sends.append((buf[a:b], ring.nxt, ring.tag))
+        if c < len(ring.recv[t]):
+            a, b = ring.recv[t][c]
+            if t < self.steps // 2:
+                s = c * ring.slot
+                recvs.append((ring.scratch[s:s + b - a], ring.prv, ring.tag))
+            else:
+                recvs.append((buf[a:b], ring.prv, ring.tag))
+        return self.ctx.transport.start(sends, recvs)
+
+    def run(self, buf: Any) -> None:
+        if self.trivial:
+            return
+        reduce_into = self.ctx.backend.reduce_into
+        op = self.op
+        steps = self.steps
+        rs_steps = steps // 2
+        rings = self.rings
+        posted: list[Any] = []
+        # Batches of the reduce-scatter by (ring, chunk): before the all-gather writes into a
+        # block, the reduce-scatter's sends from that block must be complete.
+        rs_by_chunk: list[dict[int, list[Any]]] = [{} for _ in rings]
+        cur: list[dict[int, Any]] = [{} for _ in rings]
+
+        def post(i: int, t: int, c: int) -> None:
+            ring = rings[i]
+            if t >= rs_steps:
+                for p in rs_by_chunk[i].pop(c, ()):
+                    p.wait()
+            p = self._post(ring, t, c, buf)
+            cur[i][c] = p
+            posted.append(p)
+            if t < rs_steps:
+                rs_by_chunk[i].setdefault(c, []).append(p)
+
+        for i, ring in enumerate(rings):
+            for c in range(max(len(ring.send[0]), len(ring.recv[0]))):
+                post(i, 0, c)
+        for t in range(steps):
+            reducing = t < rs_steps
+            last = t + 1 == steps
+            for c in range(self.maxc[t]):
+                for i, ring in enumerate(rings):
+                    chunks = ring.recv[t]
+                    if c >= len(chunks):
+                        continue
+                    cur[i][c].wait_recv()
+                    if reducing:
+                        a, b = chunks[c]
+                        s = c * ring.slot
+                        reduce_into(buf[a:b], ring.scratch[s:s + b - a], op)
+                    if not last:
+                        post(i, t + 1, c)
+            if not last:
+                # Chunks of the next step beyond this step's count (pieces differ by one
+                # element, so a block can have one chunk more than the previous).
+                for i, ring in enumerate(rings):
+                    for c in range(len(ring.recv[t]), len(ring.recv[t + 1])):
+                        post(i, t + 1, c)
+        for p in posted:
+            p.wait()
+
+
+def _itemsize(dtype: str) -> int:
+    if dtype == "bfloat16":
+        return 2
+    import numpy as np
+
+    return int(np.dtype(dtype).itemsize)

@@ -1,0 +1,303 @@
+"""``Communicator``: the public allreduce of ringtune.
+
+Use it in a training job in place of ``comm.Allreduce``::
+
+    comm = Communicator(MPI.COMM_WORLD)          # profile from $RINGTUNE_PROFILE if set
+    comm.allreduce(grad, op="avg")              # in place; the profile picks the algorithm
+
+Construction is collective (all ranks of ``comm``): it gathers host names, loads the
+profile and checks with one small collective that every rank loaded the same one. Every
+``allreduce`` call is collective too. Plans are built on first use of a (size, dtype, op,
+choice) and cached, so steady-state calls run only the algorithm's hot loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .algorithms import Context, get_algorithm
+from .backend import Backend, backend_for, check_buffer_dtype, get_backend
+from .errors import AgreementError, ProfileError, TopologyMismatchError
+from .ops import check_op
+from .plan import Plan
+from .profile import Profile, builtin_profile, load_profile
+from .transport import Transport, default_transport, make_transport
+
+log = logging.getLogger("ringtune")
+
+_NP_BACKEND = get_backend("numpy")
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class _Prepared:
+    """A cached, executable plan: the algorithm instance and what ``run`` needs."""
+
+    __slots__ = ("plan", "algo", "run", "avg", "size", "backend")
+
+    def __init__(self, plan: Plan, algo: Any, avg: bool, size: int, backend: Backend) -> None:
+        self.plan = plan
+        self.algo = algo
+        self.run = algo.run
+        self.avg = avg
+        self.size = size
+        self.backend = backend
+
+
+class Communicator:
+    """Allreduce over an mpi4py communicator, choosing the algorithm per message size.
+
+    ``profile``: a path or a loaded ``Profile``; ``None`` reads ``$RINGTUNE_PROFILE``, else
+    the built-in heuristic. ``strict``: raise instead of warning when the profile was tuned
+    on a different topology (also ``RINGTUNE_STRICT=1``).
+    """
+
+    def __init__(self, comm: Any, profile: str | os.PathLike[str] | Profile | None = None,
+                 strict: bool = False, topology: Any = None) -> None:
+        self.comm = comm
+        self.rank: int = comm.Get_rank()
+        self.size: int = comm.Get_size()
+        self.strict = bool(strict) or _env_flag("RINGTUNE_STRICT")
+        self.check_args = _env_flag("RINGTUNE_CHECK")
+        self.topology = topology
+        self._plans: dict[Any, _Prepared] = {}
+        self._contexts: dict[tuple[str, str], Context] = {}
+        self._transports: list[Transport] = []
+        self._logged: set[Any] = set()
+        self.profile = self._resolve_profile(profile)
+        self.hosts = self._agree_at_construction()
+        self._check_fingerprint()
+
+    # -- construction ---------------------------------------------------------------
+
+    def _resolve_profile(self, profile: Any) -> Profile | Exception:
+        """Load the profile locally; an error is kept (not raised) so that all ranks can
+        raise it together after the agreement collective."""
+        if isinstance(profile, Profile):
+            return profile
+        path = profile if profile is not None else os.environ.get("RINGTUNE_PROFILE") or None
+        if path is None:
+            return builtin_profile(self.size)
+        try:
+            return load_profile(os.fspath(path), world_size=self.size)
+        except ProfileError as exc:
+            return exc
+        except OSError as exc:
+            return ProfileError(f"{path}: cannot read profile: {exc.strerror or exc}")
+
+    def _agree_at_construction(self) -> tuple[int, ...]:
+        """One allgather: host names (for ring orders), and the profile hash and backend,
+        which must be equal on every rank. On disagreement every rank raises the same."""
+        from mpi4py import MPI
+
+        prof = self.profile
+        mine = (
+            MPI.Get_processor_name(),
+            None if isinstance(prof, Exception) else prof.sha256,
+            str(prof) if isinstance(prof, Exception) else None,
+            None if isinstance(prof, Exception) else prof.backend,
+        )
+        everyone = self.comm.allgather(mine)
+        errors = [(r, e) for r, (_, _, e, _) in enumerate(everyone) if e]
+        if errors:
+            r, e = errors[0]
+            raise ProfileError(e if r == self.rank or len(errors) == len(everyone)
+                               else f"rank {r}: {e}")
+        hashes = {h for _, h, _, _ in everyone}
+        if len(hashes) > 1:
+            groups: dict[str, list[int]] = {}
+            for r, (_, h, _, _) in enumerate(everyone):
+                groups.setdefault(h[:12], []).append(r)
+            detail = "; ".join(f"ranks {v} loaded {k}…" for k, v in groups.items())
+            raise AgreementError(
+                f"ranks loaded different profiles ({detail}): give every rank the same "
+                "file (same RINGTUNE_PROFILE and content on every host)"
+            )
+        backends = {b for _, _, _, b in everyone}
+        if len(backends) > 1:
+            raise AgreementError(f"ranks disagree on the backend ({sorted(backends)}): every "
+                                 "rank must use the same profile and buffer kind")
+        names: dict[str, int] = {}
+        return tuple(names.setdefault(name, len(names)) for name, _, _, _ in everyone)
+
+    def _check_fingerprint(self) -> None:
+        """Compare the profile's topology fingerprint with this world's (when the profile
+        has one): warn once and use built-in defaults, or raise when strict."""
+        prof = self.profile
+        assert isinstance(prof, Profile)
+        if prof.builtin or not prof.fingerprint:
+            return
+        try:
+            from probes import world_fingerprint
+        except ImportError:
+            return
+        here = world_fingerprint(self.comm, self.topology)
+        if here == prof.fingerprint:
+            return
+        msg = (f"{prof.path}: profile was tuned on topology {prof.fingerprint[:19]}…, this "
+               f"world is {here[:19]}…")
+        if self.strict:
+            raise TopologyMismatchError(msg + " (strict): re-tune with `ringtune tune` here or "
+                                        "unset RINGTUNE_STRICT to fall back to defaults")
+        if self.rank == 0:
+            warnings.warn(msg + "; using built-in defaults", RuntimeWarning, stacklevel=3)
+        self.profile = builtin_profile(self.size)
+
+    # -- choosing -------------------------------------------------------------------
+
+    def plan_for(self, nbytes: int) -> Plan:
+        """The plan the profile picks for a message of ``nbytes`` bytes."""
+        prof = self.profile
+        assert isinstance(prof, Profile)
+        idx, rule = prof.select(int(nbytes))
+        return Plan(
+            algorithm=rule.algorithm,
+            params=dict(rule.params),
+            transport=rule.transport or prof.transport,
+            source="default" if prof.builtin else "profile",
+            rule=idx,
+            min_bytes=rule.min_bytes,
+            max_bytes=rule.max_bytes,
+            measured=rule.measured,
+        )
+
+    def explain(self, nbytes: int) -> str:
+        """One line for people: what runs for ``nbytes`` and why."""
+        p = self.plan_for(nbytes)
+        hi = "∞" if p.max_bytes is None else str(p.max_bytes)
+        params = f" ({p.describe_params()})" if p.params else ""
+        prof = self.profile
+        assert isinstance(prof, Profile)
+        src = "built-in defaults" if prof.builtin else f"profile {prof.path}"
+        text = (f"{nbytes} B -> {p.algorithm}{params} over {p.transport}: rule {p.rule} "
+                f"[{p.min_bytes}..{hi}] of {src}")
+        m = p.measured
+        if m:
+            parts = [f"measured busbw {m.get('busbw_gbps')} GB/s at {m.get('bytes')} B"]
+            if m.get("native_busbw_gbps"):
+                parts.append(f"native {m['native_busbw_gbps']} GB/s")
+            text += "; " + ", ".join(parts)
+        return text
+
+    # -- running --------------------------------------------------------------------
+
+    def allreduce(self, buf: Any, op: str = "sum", algorithm: str | None = None,
+                  transport: str | None = None, **params: Any) -> Any:
+        """Allreduce ``buf`` in place across all ranks and return it.
+
+        Without ``algorithm`` the profile's rule for ``buf.nbytes`` decides; with it, that
+        algorithm runs with ``params`` (e.g. ``rings=2, chunk_bytes=1 << 20``). Collective:
+        every rank must call with the same size, dtype, op and choice (``RINGTUNE_CHECK=1``
+        verifies that per call).
+        """
+        if type(buf) is np.ndarray:
+            backend = _NP_BACKEND
+        else:
+            backend = backend_for(buf)
+        flat = backend.as_flat(buf)
+        key = (flat.size, flat.dtype, op, backend.name, algorithm, transport,
+               repr(sorted(params.items())) if params else None)
+        prepared = self._plans.get(key)
+        if prepared is None:
+            prepared = self._prepare(key, flat, backend, op, algorithm, transport, params)
+        if self.check_args:
+            self._check_agreement(key)
+        prepared.run(flat)
+        if prepared.avg:
+            prepared.backend.divide(flat, self.size)
+        return buf
+
+    def prepared(self, buf: Any, op: str = "sum", algorithm: str | None = None,
+                 transport: str | None = None, **params: Any) -> _Prepared:
+        """The cached executable plan ``allreduce`` would run for these arguments (for the
+        benchmark harness and overhead measurements). Collective on first use."""
+        backend = backend_for(buf)
+        flat = backend.as_flat(buf)
+        key = (flat.size, flat.dtype, op, backend.name, algorithm, transport,
+               repr(sorted(params.items())) if params else None)
+        return self._plans.get(key) or self._prepare(key, flat, backend, op, algorithm,
+                                                     transport, params)
+
+    def _prepare(self, key: Any, flat: Any, backend: Backend, op: str,
+                 algorithm: str | None, transport: str | None,
+                 params: Mapping[str, Any]) -> _Prepared:
+        check_op(op)
+        dtype = check_buffer_dtype(backend, flat.dtype)
+        nbytes = int(flat.size) * int(flat.dtype.itemsize)
+        if algorithm is None:
+            if params:
+                raise ValueError(
+                    f"parameters {sorted(params)} given without algorithm=...: name the "
+                    "algorithm they belong to"
+                )
+            chosen = self.plan_for(nbytes)
+            if transport is not None:
+                chosen = Plan(chosen.algorithm, chosen.params, transport, chosen.source,
+                              chosen.rule, chosen.min_bytes, chosen.max_bytes, chosen.measured)
+        else:
+            chosen = Plan(algorithm=algorithm, params=dict(params),
+                          transport=transport or "", source="explicit")
+        cls = get_algorithm(chosen.algorithm)
+        checked = cls.check_params(chosen.params, self.size)
+        tname = chosen.transport or default_transport(backend)
+        plan = Plan(chosen.algorithm, checked, tname, chosen.source, chosen.rule,
+                    chosen.min_bytes, chosen.max_bytes, chosen.measured)
+        ctx = self._context(backend, tname)
+        algo = cls(ctx, int(flat.size), dtype, "sum" if op == "avg" else op, checked)
+        prepared = _Prepared(plan, algo, op == "avg", self.size, backend)
+        self._plans[key] = prepared
+        if log.isEnabledFor(logging.INFO) and self.rank == 0:
+            log.info("allreduce %d B %s %s -> %s", nbytes, dtype, op, self.explain(nbytes)
+                     if algorithm is None else f"{plan.algorithm} {plan.describe_params()}")
+        return prepared
+
+    def _context(self, backend: Backend, tname: str) -> Context:
+        ctx = self._contexts.get((backend.name, tname))
+        if ctx is None:
+            transport = make_transport(tname, self.comm, backend)
+            self._transports.append(transport)
+            ctx = Context(comm=self.comm, backend=backend, transport=transport,
+                          hosts=self.hosts, topology=self.topology,
+                          world_ranks=tuple(range(self.size)))
+            self._contexts[(backend.name, tname)] = ctx
+        return ctx
+
+    def _check_agreement(self, key: Any) -> None:
+        """RINGTUNE_CHECK=1: every rank passed the same size, dtype, op and choice."""
+        mine = repr(key)
+        everyone = self.comm.allgather(mine)
+        if len(set(everyone)) > 1:
+            lines = "; ".join(f"rank {r}: {k}" for r, k in enumerate(everyone))
+            raise AgreementError(
+                "allreduce arguments differ across ranks (size, dtype, op, backend, "
+                f"algorithm, transport, params): {lines}. Every rank must call allreduce "
+                "with the same arguments in the same order"
+            )
+
+    def close(self) -> None:
+        """Free scratch buffers and transport resources (NCCL communicators)."""
+        self._plans.clear()
+        for t in self._transports:
+            t.close()
+        self._transports.clear()
+        self._contexts.clear()
+
+
+def _configure_logging() -> None:
+    level = os.environ.get("RINGTUNE_LOG", "").strip().lower()
+    if level in ("info", "debug") and not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("ringtune: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.DEBUG if level == "debug" else logging.INFO)
+
+
+_configure_logging()

@@ -1,0 +1,34 @@
+"""``Plan``: what the runtime decided to run for one message size, as a plain record.
+
+``Communicator.plan_for(nbytes)`` returns one; ``explain`` renders it for people. The
+prepared, executable form (algorithm instance with scratch buffers) stays inside the
+communicator's plan cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The choice for a message size: algorithm, its parameters, the transport, and why."""
+
+    algorithm: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    transport: str = "mpi"
+    #: Where the choice came from: ``profile``, ``default`` (built-in heuristic) or
+    #: ``explicit`` (arguments of the call).
+    source: str = "default"
+    #: Index of the profile rule that matched (``None`` for explicit choices).
+    rule: int | None = None
+    min_bytes: int = 0
+    max_bytes: int | None = None
+    #: The rule's ``measured`` record from tuning (busbw etc.), if any.
+    measured: Mapping[str, Any] | None = None
+
+    def describe_params(self) -> str:
+        """``rings=2 chunk_bytes=1048576`` style text, or an empty string."""
+        return " ".join(f"{k}={v}" for k, v in self.params.items())

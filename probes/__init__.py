@@ -1,0 +1,1 @@
+"""What the machine is: topology probes (filled by the probes work)."""

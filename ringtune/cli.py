@@ -1,0 +1,71 @@
+"""Entry point of the ``ringtune`` command: one sub-command module per verb.
+
+Each module in ``ringtune.commands`` provides ``HELP`` (one line), ``add_arguments(parser)``
+and ``run(args) -> int``; modules import heavy dependencies inside ``run`` so that
+``ringtune --help`` stays fast. Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad
+input — one line on stderr, printed once (by rank 0 under mpiexec).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from .errors import UsageError, report_error
+from .launch import launch_rank
+
+#: verb -> module; the order is the order of ``ringtune --help``.
+COMMANDS: dict[str, str] = {
+    "probe": "ringtune.commands.probe",
+    "bench": "ringtune.commands.bench",
+    "tune": "ringtune.commands.tune",
+    "show": "ringtune.commands.show",
+    "validate": "ringtune.commands.validate",
+    "simulate": "ringtune.commands.simulate",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (from rank 0) and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ringtune", description="Topology-aware allreduce autotuner.")
+    parser.add_argument("--version", action="version", version="ringtune 0.1.0")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    sub.required = True
+    for verb, modname in COMMANDS.items():
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as exc:
+            if exc.name != modname:
+                raise
+            continue  # a verb not built into this installation
+        p = sub.add_parser(verb, help=mod.HELP, description=mod.__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (the console script exits with it)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(args_list)
+        code = args._run(args)
+        return int(code or 0)
+    except KeyboardInterrupt:
+        report_error("interrupted", rank=launch_rank())
+        return 130
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line + code
+        return report_error(exc, rank=launch_rank())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""How the CLI turns exceptions into one line on stderr and an exit code."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+
+class UsageError(Exception):
+    """Bad usage or bad input: exit code 2."""
+
+
+class CommandFailed(Exception):
+    """A runtime failure with a clear message: exit code 1."""
+
+
+#: Exceptions that mean "bad input" (exit 2); anything else is a runtime failure (exit 1).
+_INPUT_ERRORS = (UsageError, ValueError, TypeError, FileNotFoundError, PermissionError,
+                 IsADirectoryError, NotADirectoryError)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    return 2 if isinstance(exc, _INPUT_ERRORS) else 1
+
+
+def report_error(exc: BaseException | str, rank: int = 0) -> int:
+    """Print ``ringtune: error: …`` once (rank 0 only) and return the exit code.
+    ``RINGTUNE_LOG=debug`` adds the traceback."""
+    code = 1 if isinstance(exc, str) else exit_code_for(exc)
+    if rank == 0:
+        text = exc if isinstance(exc, str) else (str(exc) or type(exc).__name__)
+        if isinstance(exc, BaseException) and code == 1 and not isinstance(exc, CommandFailed):
+            text = f"{type(exc).__name__}: {text}"
+        text = " ".join(str(text).split("\n"))
+        print(f"ringtune: error: {text}", file=sys.stderr, flush=True)
+        if os.environ.get("RINGTUNE_LOG", "").lower() == "debug" and isinstance(exc,
+                                                                                BaseException):
+            traceback.print_exception(exc)
+    return code
