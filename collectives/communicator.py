@@ -205,11 +205,12 @@ class Communicator:
         flat = backend.as_flat(buf)
         key = (flat.size, flat.dtype, op, backend.name, algorithm, transport,
                repr(sorted(params.items())) if params else None)
+        if self.check_args:
+            # Before preparing: building a plan can be collective (sub-communicators).
+            self._check_agreement(key)
         prepared = self._plans.get(key)
         if prepared is None:
             prepared = self._prepare(key, flat, backend, op, algorithm, transport, params)
-        if self.check_args:
-            self._check_agreement(key)
         prepared.run(flat)
         if prepared.avg:
             prepared.backend.divide(flat, self.size)

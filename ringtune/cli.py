@@ -58,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(args_list)
+        args._argv = args_list  # the verb and its flags, for relaunching under mpiexec
         code = args._run(args)
         return int(code or 0)
     except KeyboardInterrupt:

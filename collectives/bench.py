@@ -1,0 +1,300 @@
+"""The benchmark harness (nccl-tests conventions): check, time and tabulate allreduce.
+
+Every speed figure of ringtune — ``ringtune bench``, each tuning trial, the scripts under
+``benchmarks/`` — comes from here, so they all mean the same thing:
+
+- one iteration's time is the slowest rank's (max over ranks); the reported time is the
+  median over the timed iterations;
+- ``algbw = bytes / time`` and ``busbw = algbw · 2(n−1)/n`` (comparable across rank counts);
+- checking fills inputs that encode rank and index, so the expected result has a closed
+  form that is exact in every dtype, and counts the mismatched elements (``#wrong``).
+
+All functions here are collective over the communicator and return the same value on
+every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .backend import get_backend
+from .communicator import Communicator
+from .ops import is_integer
+
+_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str | int) -> int:
+    """``"4K"``, ``"64M"``, ``"1G"`` or ``"1048576"`` → bytes (K/M/G are powers of 1024, as
+    nccl-tests). ``ValueError`` naming the text otherwise."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"size must not be negative, got {text}")
+        return text
+    s = str(text).strip().upper().removesuffix("IB").removesuffix("B") or "0"
+    num, suf = (s[:-1], s[-1]) if s[-1] in _SUFFIX else (s, "")
+    try:
+        value = float(num)
+    except ValueError:
+        raise ValueError(f"invalid size {text!r}: use bytes or a K/M/G suffix, e.g. 64M") from None
+    if value < 0 or value != value:
+        raise ValueError(f"invalid size {text!r}: must be a non-negative number")
+    return int(value * _SUFFIX[suf])
+
+
+def size_list(begin: int, end: int, factor: float) -> list[int]:
+    """Sizes from ``begin`` to ``end`` bytes, multiplying by ``factor`` (nccl-tests ``-f``)."""
+    if factor <= 1:
+        raise ValueError(f"-f (factor) must be greater than 1, got {factor}")
+    if end < begin:
+        raise ValueError(f"-e ({end}) must not be smaller than -b ({begin})")
+    out, s = [], max(begin, 0)
+    while s <= end:
+        out.append(s)
+        nxt = int(s * factor)
+        s = nxt if nxt > s else s + 1
+    return out
+
+
+def busbw_factor(n: int) -> float:
+    """``2(n−1)/n``: bus bandwidth per algorithm bandwidth for allreduce."""
+    return 2.0 * (n - 1) / n if n > 0 else 0.0
+
+
+# -- closed-form check data ------------------------------------------------------------
+# Inputs depend on the index only through a small period, so the expected reduction over
+# all ranks is a table of period entries: exact, and O(count) to build for any world size.
+
+_PERIOD = {"sum": 13, "avg": 13, "min": 13, "max": 13, "prod": 15}
+
+
+def _input_table(op: str, rank: int) -> np.ndarray:
+    """Input of ``rank`` for index residues 0..period-1 (small integers, exact in float16)."""
+    j = np.arange(_PERIOD[op], dtype=np.int64)
+    if op == "prod":
+        # Factors ±1/±2 with at most four 2s over all ranks: the product stays ≤ 16 in size.
+        mag = np.where(((j + rank) % 3 == 0) & (rank < 12), 2, 1)
+        sign = np.where((j + 2 * rank) % 5 == 0, -1, 1)
+        return mag * sign
+    return (3 * j + 5 * rank) % 13 - 6
+
+
+def fill_input(buf: np.ndarray, rank: int, op: str) -> None:
+    """Fill a host array with ``rank``'s check input for ``op``."""
+    table = _input_table(op, rank)
+    idx = np.arange(buf.size, dtype=np.int64) % table.size
+    buf.reshape(-1)[...] = table[idx].astype(buf.dtype)
+
+
+def expected_result(count: int, dtype: str, op: str, n: int) -> np.ndarray:
+    """The exact allreduce of the check inputs of ranks 0..n−1."""
+    tables = np.stack([_input_table(op, r) for r in range(n)])
+    red = {"sum": tables.sum(0), "avg": tables.sum(0), "prod": tables.prod(0),
+           "min": tables.min(0), "max": tables.max(0)}[op]
+    dt = np.dtype(dtype)
+    if op == "avg":
+        if is_integer(dtype):
+            red = np.sign(red) * (np.abs(red) // n)
+            table = red.astype(dt)
+        else:
+            table = np.divide(red.astype(dt), dt.type(n))
+    else:
+        table = red.astype(dt)
+    idx = np.arange(count, dtype=np.int64) % table.size
+    return table[idx]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Outcome of a correctness check: mismatched elements over all ranks, and the error
+    message if the candidate raised (then ``wrong`` is −1)."""
+
+    wrong: int
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.wrong == 0
+
+
+def _make_buffer(backend_name: str, count: int, dtype: str) -> Any:
+    backend = get_backend(backend_name)
+    buf = backend.empty(count, dtype)
+    return backend, buf
+
+
+def _upload(backend: Any, dst: Any, host: np.ndarray) -> None:
+    if backend.on_gpu:
+        backend.copy_into(dst, host)
+        backend.synchronize()
+    else:
+        np.copyto(dst, host)
+
+
+def check_allreduce(comm: Communicator, count: int, dtype: str = "float32", op: str = "sum",
+                    algorithm: str | None = None, params: Mapping[str, Any] | None = None,
+                    transport: str | None = None, backend: str = "numpy") -> CheckResult:
+    """Run one allreduce on check inputs and count wrong elements (collective).
+
+    Errors raised before communication (bad parameters, unsupported dtype) are caught and
+    returned identically on all ranks, so a bad candidate fails instead of hanging."""
+    error: str | None = None
+    wrong = 0
+    try:
+        be, buf = _make_buffer(backend, count, dtype)
+        host = np.empty(count, dtype=np.dtype(dtype) if dtype != "bfloat16" else np.float32)
+        fill_input(host, comm.rank, op)
+        _upload(be, buf, host)
+        comm.allreduce(buf, op=op, algorithm=algorithm, transport=transport,
+                       **dict(params or {}))
+        got = be.to_numpy(buf)
+        exp = expected_result(count, dtype if dtype != "bfloat16" else "float32", op,
+                              comm.size)
+        if op == "avg" and not is_integer(dtype):
+            tol = 1e-2 if dtype in ("float16", "bfloat16") else 1e-6
+            bad = ~np.isclose(got.astype(np.float64), exp.astype(np.float64), rtol=tol,
+                              atol=0)
+        else:
+            bad = got != exp
+        wrong = int(np.count_nonzero(bad))
+    except (ValueError, TypeError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    everyone = comm.comm.allgather((wrong, error))
+    errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(everyone) if e]
+    if errors:
+        return CheckResult(-1, errors[0] if len(errors) < len(everyone) else everyone[0][1])
+    return CheckResult(sum(w for w, _ in everyone))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Timing of one configuration at one size (identical on all ranks)."""
+
+    nbytes: int
+    count: int
+    dtype: str
+    op: str
+    algorithm: str
+    params: Mapping[str, Any]
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    samples_us: tuple[float, ...] = field(default=(), repr=False)
+    wrong: int | None = None
+
+
+def time_allreduce(comm: Communicator, count: int, dtype: str = "float32", op: str = "sum",
+                   algorithm: str | None = None, params: Mapping[str, Any] | None = None,
+                   warmup: int = 5, iters: int = 20, transport: str | None = None,
+                   backend: str = "numpy") -> Measurement:
+    """Time ``iters`` allreduces after ``warmup`` untimed ones (collective).
+
+    The buffer starts at zero so repeated reductions neither overflow nor hit denormals."""
+    be, buf = _make_buffer(backend, count, dtype)
+    _upload(be, buf, np.zeros(count, dtype=np.dtype(dtype) if dtype != "bfloat16"
+                                 else np.float32))
+    p = dict(params or {})
+    run = comm.allreduce
+    for _ in range(warmup):
+        run(buf, op=op, algorithm=algorithm, transport=transport, **p)
+    sync = be.synchronize if be.on_gpu else None
+    barrier = comm.comm.Barrier
+    clock = time.perf_counter
+    local = np.empty(iters, dtype=np.float64)
+    for i in range(iters):
+        barrier()
+        t0 = clock()
+        run(buf, op=op, algorithm=algorithm, transport=transport, **p)
+        if sync is not None:
+            sync()
+        local[i] = clock() - t0
+    from mpi4py import MPI
+
+    slowest = np.empty_like(local)
+    comm.comm.Allreduce(local, slowest, op=MPI.MAX)
+    samples = tuple(float(s) * 1e6 for s in slowest)
+    t_us = statistics.median(samples) if samples else 0.0
+    itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    nbytes = count * itemsize
+    algbw = nbytes / (t_us * 1e-6) / 1e9 if t_us > 0 else 0.0
+    if algorithm is None:
+        plan = comm.plan_for(nbytes)
+        name, used = plan.algorithm, dict(plan.params)
+    else:
+        name, used = algorithm, p
+    return Measurement(nbytes, count, dtype, op, name, used, t_us, algbw,
+                       algbw * busbw_factor(comm.size), samples)
+
+
+# -- the table ---------------------------------------------------------------------------
+
+HEADER = ("size", "count", "type", "redop", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
+          "#wrong")
+
+
+def run_bench(comm: Communicator, sizes: Sequence[int], dtype: str = "float32",
+              op: str = "sum", algorithm: str | None = None,
+              params: Mapping[str, Any] | None = None, warmup: int = 5, iters: int = 20,
+              check: bool = True, transport: str | None = None, backend: str = "numpy",
+              on_row: Any = None) -> list[Measurement]:
+    """Check (when ``check``) and time each size; ``on_row(m)`` is called per row (rank 0
+    prints as it goes, so long runs show progress)."""
+    itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    rows = []
+    for nbytes in sizes:
+        count = nbytes // itemsize
+        wrong: int | None = None
+        if check:
+            res = check_allreduce(comm, count, dtype, op, algorithm, params, transport,
+                                  backend)
+            if res.error:
+                raise ValueError(res.error)
+            wrong = res.wrong
+        m = time_allreduce(comm, count, dtype, op, algorithm, params, warmup, iters,
+                           transport, backend)
+        m = Measurement(**{**asdict(m), "samples_us": m.samples_us, "wrong": wrong})
+        rows.append(m)
+        if on_row is not None:
+            on_row(m)
+    return rows
+
+
+def _algo_label(m: Measurement) -> str:
+    if not m.params:
+        return m.algorithm
+    short = {"rings": "r", "chunk_bytes": "c"}
+    bits = [f"{short.get(k, k)}{v}" for k, v in m.params.items()
+            if k in short or not isinstance(v, (str, list))]
+    return f"{m.algorithm}({','.join(bits)})" if bits else m.algorithm
+
+
+def format_row(m: Measurement) -> str:
+    wrong = "N/A" if m.wrong is None else str(m.wrong)
+    return (f"{m.nbytes:>12} {m.count:>11} {m.dtype:>8} {m.op:>6} {_algo_label(m):>22} "
+            f"{m.time_us:>10.1f} {m.algbw_gbps:>11.3f} {m.busbw_gbps:>11.3f} {wrong:>6}")
+
+
+def format_header() -> str:
+    return (f"{'size':>12} {'count':>11} {'type':>8} {'redop':>6} {'algo':>22} "
+            f"{'time(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}")
+
+
+def avg_busbw(rows: Sequence[Measurement]) -> float:
+    return statistics.fmean(m.busbw_gbps for m in rows) if rows else 0.0
+
+
+def rows_to_json(rows: Sequence[Measurement], meta: Mapping[str, Any]) -> str:
+    out = {**meta, "rows": [
+        {"size": m.nbytes, "count": m.count, "type": m.dtype, "redop": m.op,
+         "algo": m.algorithm, "params": dict(m.params), "time_us": round(m.time_us, 3),
+         "algbw_gbps": round(m.algbw_gbps, 4), "busbw_gbps": round(m.busbw_gbps, 4),
+         "wrong": m.wrong} for m in rows],
+        "avg_busbw_gbps": round(avg_busbw(rows), 4)}
+    return json.dumps(out, indent=2)

@@ -1,0 +1,160 @@
+"""ringtune bench — an nccl-tests-style allreduce benchmark.
+
+Times one algorithm (``--algo NAME --param K=V …``), the library's own allreduce
+(``--algo native``) or what a profile picks per size (``--profile FILE``; without either,
+the built-in defaults), from ``-b`` to ``-e`` bytes by factor ``-f``, with ``-w`` warm-up and
+``-n`` timed iterations; ``-c 1`` checks every size (``#wrong``). Started without mpiexec it
+launches itself on this machine's local ranks (``-np`` to choose how many).
+
+  ringtune bench -b 4K -e 64M -f 4 --algo multiring --param rings=2 --param chunk_bytes=1M
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..errors import UsageError
+from ..launch import relaunch, under_mpiexec
+
+HELP = "nccl-tests-style allreduce benchmark (one algorithm, native, or a profile)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--algo", metavar="NAME", help="algorithm to time (default: what the "
+                   "profile, or the built-in defaults, pick per size)")
+    p.add_argument("--param", metavar="K=V", action="append", default=[],
+                   help="algorithm parameter, repeatable (e.g. rings=2 chunk_bytes=1M "
+                   "order=identity)")
+    p.add_argument("--profile", metavar="FILE", help="time the profile's choice per size")
+    p.add_argument("--transport", metavar="NAME", help="transport (mpi | staged | nccl)")
+    p.add_argument("-b", "--minbytes", default="8", help="smallest size (default 8)")
+    p.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")
+    p.add_argument("-f", "--stepfactor", type=float, default=2.0,
+                   help="size multiplication factor (default 2)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warm-up iterations")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations")
+    p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1),
+                   help="check results (#wrong), 1 = yes (default)")
+    p.add_argument("-d", "--datatype", default="float32",
+                   help="float16 | float32 | float64 | int32 | int64 (bfloat16 on GPU)")
+    p.add_argument("-o", "--op", default="sum", help="sum | prod | min | max | avg")
+    p.add_argument("-G", "--gpu", action="store_true",
+                   help="benchmark GPU buffers (CuPy backend)")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="write the rows as JSON (to FILE, or stdout instead of the table)")
+    p.add_argument("-np", type=int, metavar="N", dest="np",
+                   help="ranks to launch when not started under mpiexec")
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """``["rings=2", "chunk_bytes=1M", "order=[[0,1],[1,0]]"]`` → typed dict."""
+    import yaml
+
+    from collectives.bench import parse_size
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--param {item!r}: expected KEY=VALUE, e.g. rings=2")
+        if key.endswith("bytes"):
+            try:
+                out[key] = parse_size(text)
+                continue
+            except ValueError:
+                pass
+        try:
+            out[key] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            out[key] = text
+    return out
+
+
+def _validate(args: argparse.Namespace) -> tuple[list[int], dict[str, Any]]:
+    from collectives.bench import parse_size, size_list
+    from collectives.ops import DTYPES, OPS
+
+    if args.algo is None and args.param:
+        raise UsageError("--param needs --algo NAME (the algorithm the parameters belong to)")
+    if args.algo is not None and args.profile is not None:
+        raise UsageError("give either --algo or --profile, not both")
+    if args.datatype not in DTYPES + ("bfloat16",):
+        raise UsageError(f"-d {args.datatype}: use one of {', '.join(DTYPES)}")
+    if args.op not in OPS:
+        raise UsageError(f"-o {args.op}: use one of {', '.join(OPS)}")
+    if args.iters < 1 or args.warmup_iters < 0:
+        raise UsageError("-n must be ≥ 1 and -w ≥ 0")
+    try:
+        sizes = size_list(parse_size(args.minbytes), parse_size(args.maxbytes),
+                          args.stepfactor)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    params = parse_params(args.param)
+    if args.algo is not None:
+        from collectives.algorithms import get_algorithm
+
+        cls = get_algorithm(args.algo)
+        cls.check_params(params, 1 << 30 if "order" not in params else _world_size())
+    return sizes, params
+
+
+def _world_size() -> int:
+    from mpi4py import MPI
+
+    return int(MPI.COMM_WORLD.Get_size())
+
+
+def run(args: argparse.Namespace) -> int:
+    # Validate before launching or communicating: bad flags fail fast, once, with exit 2.
+    sizes, params = _validate(args)
+    if not under_mpiexec() and (args.np is None or args.np > 1):
+        return relaunch(args._argv, args.np)
+    from mpi4py import MPI
+
+    from collectives import Communicator
+    from collectives.bench import avg_busbw, format_header, format_row, rows_to_json, run_bench
+
+    world = MPI.COMM_WORLD
+    comm = Communicator(world, profile=args.profile)
+    rank0 = comm.rank == 0
+    to_stdout_json = args.json == "-"
+    backend = "cupy" if args.gpu else "numpy"
+    if args.algo is not None:
+        get = __import__("collectives.algorithms", fromlist=["get_algorithm"]).get_algorithm
+        params = get(args.algo).check_params(params, comm.size)
+    what = (f"algorithm {args.algo}" if args.algo else
+            f"profile {args.profile}" if args.profile else "built-in defaults")
+    if rank0 and not to_stdout_json:
+        print(f"# ringtune bench: {comm.size} ranks on {len(set(comm.hosts))} host(s), "
+              f"{what}, {args.datatype} {args.op}, backend {backend}, "
+              f"warmup {args.warmup_iters}, iters {args.iters}, check {args.check}")
+        print("#")
+        print("#" + format_header()[1:])
+        sys.stdout.flush()
+
+    def show(m: Any) -> None:
+        if rank0 and not to_stdout_json:
+            print(format_row(m), flush=True)
+
+    rows = run_bench(comm, sizes, args.datatype, args.op, args.algo, params,
+                     args.warmup_iters, args.iters, bool(args.check), args.transport, backend,
+                     on_row=show)
+    wrong = sum(m.wrong or 0 for m in rows)
+    if rank0:
+        if args.json:
+            meta = {"ranks": comm.size, "hosts": len(set(comm.hosts)), "what": what,
+                    "dtype": args.datatype, "op": args.op, "backend": backend}
+            text = rows_to_json(rows, meta)
+            if to_stdout_json:
+                print(text)
+            else:
+                from ..files import write_text_atomic
+
+                write_text_atomic(args.json, text + "\n")
+        if not to_stdout_json:
+            print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+            print(f"# Avg bus bandwidth    : {avg_busbw(rows):.4f}")
+    comm.close()
+    return 1 if wrong else 0
