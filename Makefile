@@ -46,7 +46,7 @@ tune: install
 	$(VENV)/bin/ringtune tune --out profiles/local.yaml
 
 bench: install
-	$(VENV)/bin/ringtune bench -b 4K -e 64M -f 4 -c
+	$(VENV)/bin/ringtune bench -b 4K -e 64M -f 4 -c 1
 
 clean:
 	rm -rf $(VENV) build *.egg-info
