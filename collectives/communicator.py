@@ -176,15 +176,20 @@ class Communicator:
         params = f" ({p.describe_params()})" if p.params else ""
         prof = self.profile
         assert isinstance(prof, Profile)
-        src = "built-in defaults" if prof.builtin else f"profile {prof.path}"
+        src = ("built-in defaults (no profile: pass profile= or set RINGTUNE_PROFILE)"
+               if prof.builtin else f"profile {prof.path}")
         text = (f"{nbytes} B -> {p.algorithm}{params} over {p.transport}: rule {p.rule} "
                 f"[{p.min_bytes}..{hi}] of {src}")
         m = p.measured
         if m:
-            parts = [f"measured busbw {m.get('busbw_gbps')} GB/s at {m.get('bytes')} B"]
-            if m.get("native_busbw_gbps"):
-                parts.append(f"native {m['native_busbw_gbps']} GB/s")
+            bw, nat = m.get("busbw_gbps"), m.get("native_busbw_gbps")
+            parts = [f"measured busbw {bw} GB/s at {m.get('bytes')} B"]
+            if nat:
+                ratio = f" ({bw / nat:.2f}x native)" if isinstance(bw, (int, float)) else ""
+                parts.append(f"native {nat} GB/s{ratio}")
             text += "; " + ", ".join(parts)
+        else:
+            text += "; not measured"
         return text
 
     # -- running --------------------------------------------------------------------
@@ -214,6 +219,10 @@ class Communicator:
         prepared.run(flat)
         if prepared.avg:
             prepared.backend.divide(flat, self.size)
+        if backend.on_gpu:
+            # GPU work is queued on the backend's own stream: wait for it, so the caller may
+            # use ``buf`` on any stream (see collectives/cuda/backend.py).
+            backend.synchronize()
         return buf
 
     def prepared(self, buf: Any, op: str = "sum", algorithm: str | None = None,
@@ -283,9 +292,16 @@ class Communicator:
                 "with the same arguments in the same order"
             )
 
+    def clear_plans(self) -> None:
+        """Drop cached plans (and their scratch buffers); the next call plans again. The
+        tuner calls it between candidates so memory does not grow with every trial."""
+        self._plans.clear()
+
     def close(self) -> None:
         """Free scratch buffers and transport resources (NCCL communicators)."""
         self._plans.clear()
+        for ctx in self._contexts.values():
+            ctx.close()
         for t in self._transports:
             t.close()
         self._transports.clear()

@@ -37,10 +37,12 @@ def algorithm_names() -> list[str]:
 
 
 # Explicit imports (no plugin magic): each module registers its class.
-from . import multiring, native, rhd  # noqa: E402,F401
+from . import hierarchical, multiring, native, rhd  # noqa: E402,F401
 
 if os.environ.get("RINGTUNE_TEST_ALGORITHMS") == "1":
     # Test-only algorithms (deliberately slow or hanging), never in a user's registry.
-    from . import _testing  # noqa: E402,F401
+    import importlib
+
+    importlib.import_module(f"{__name__}._testing")
 
 __all__ = ["Algorithm", "Context", "register", "get_algorithm", "algorithm_names"]

@@ -43,6 +43,17 @@ class Context:
     def size(self) -> int:
         return self.transport.size
 
+    def close(self) -> None:
+        """Free the sub-contexts cached here (their transports and sub-communicators).
+        Collective, like the ``Split`` that made them."""
+        for value in self.cache.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(sub, Context):
+                    sub.close()
+                    sub.transport.close()
+                    sub.comm.Free()
+        self.cache.clear()
+
 
 class Algorithm(ABC):
     """An allreduce algorithm, prepared for one (count, dtype, op, params).

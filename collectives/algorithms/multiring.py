@@ -80,49 +80,33 @@ class _Ring:
         self.slot = chunk
 
 
-@register
-class Multiring(Algorithm):
-    """Concurrent, chunk-pipelined rings; see the module docstring."""
+class RingSchedule:
+    """The chunk-pipelined multi-ring schedule on one region ``[offset, offset + count)`` of
+    the buffer, over the ranks of ``ctx``; built once, run many times.
 
-    name = "multiring"
-    param_names = ("rings", "chunk_bytes", "order")
+    Steps ``0 .. n-2`` are the reduce-scatter, ``n-1 .. 2n-3`` the all-gather. ``run(buf)``
+    runs them all (``multiring``); ``reduce_scatter(buf)`` and ``all_gather(buf)`` run one
+    phase each, so that ``hierarchical`` can reduce-scatter along one grid dimension, work on
+    the shard this rank then owns (``owned``: block *rank* of the region, whatever the ring
+    order), and all-gather later.
+    """
 
-    @classmethod
-    def check_params(cls, params: Mapping[str, Any], world_size: int) -> dict[str, Any]:
-        p = super().check_params(params, world_size)
-        rings = check_rings(p.get("rings", 1))
-        return {
-            "rings": rings,
-            "chunk_bytes": check_chunk_bytes(p.get("chunk_bytes", 0)),
-            "order": validate_order(p.get("order", "topology"), rings, world_size),
-        }
-
-    @classmethod
-    def search_space(cls, trial: Any, world_size: int, nbytes: int) -> dict[str, Any]:
-        rings = trial.suggest_int("multiring.rings", 1, 8)
-        # Chunks from 16 KiB up to the size of one ring's segment; 0 = whole segment.
-        seg = max(1, nbytes // max(1, world_size * rings))
-        choices = [0] + [1 << k for k in range(14, 27) if (1 << k) < seg]
-        chunk = trial.suggest_categorical("multiring.chunk_bytes", choices)
-        order = trial.suggest_categorical("multiring.order", ["topology", "identity"])
-        return {"rings": rings, "chunk_bytes": chunk, "order": order}
-
-    def __init__(self, ctx: Context, count: int, dtype: str, op: str,
-                 params: Mapping[str, Any]) -> None:
-        super().__init__(ctx, count, dtype, op, params)
+    def __init__(self, ctx: Context, offset: int, count: int, dtype: str, op: str,
+                 rings: int, chunk_bytes: int, order: Any) -> None:
+        self.ctx = ctx
+        self.op = op
         n = ctx.size
+        blocks = [(offset + o, ln) for o, ln in _balanced(count, n)]
+        self.owned: tuple[int, int] = blocks[ctx.rank]
         self.trivial = n == 1 or count == 0
-        if self.trivial:
-            return
-        rings = self.params["rings"]
-        itemsize = _itemsize(dtype)
-        cb = self.params["chunk_bytes"]
-        blocks = _balanced(count, n)
-        maxpiece = -(-max(ln for _, ln in blocks) // rings)
-        chunk = max(1, cb // itemsize) if cb else max(1, maxpiece)
-        perms = ring_orders(self.params["order"], rings, n, ctx.hosts, ctx.topology)
         self.steps = 2 * (n - 1)
         self.rings: list[_Ring] = []
+        if self.trivial:
+            return
+        itemsize = _itemsize(dtype)
+        maxpiece = -(-max(ln for _, ln in blocks) // rings)
+        chunk = max(1, chunk_bytes // itemsize) if chunk_bytes else max(1, maxpiece)
+        perms = ring_orders(order, rings, n, ctx.hosts, ctx.topology)
         for k, perm in enumerate(perms):
             pieces = [(off + o, ln) for off, blen in blocks
                       for o, ln in [_balanced(blen, rings)[k]]]
@@ -130,6 +114,14 @@ class Multiring(Algorithm):
             ring.scratch = ctx.backend.empty(maxpiece, dtype)
             self.rings.append(ring)
         self.maxc = [max(len(r.recv[t]) for r in self.rings) for t in range(self.steps)]
+
+    def reduce_scatter(self, buf: Any) -> None:
+        """Steps 0..n-2: afterwards ``buf[owned]`` holds the reduction over these ranks."""
+        self.run(buf, 0, self.steps // 2)
+
+    def all_gather(self, buf: Any) -> None:
+        """Steps n-1..2n-3: every rank's ``owned`` block is copied to all ranks."""
+        self.run(buf, self.steps // 2, self.steps)
 
     def _post(self, ring: _Ring, t: int, c: int, buf: Any) -> Any:
         """Post batch (t, c): send chunk c of step t's send block, receive chunk c of step t's
@@ -147,13 +139,14 @@ class Multiring(Algorithm):
                 recvs.append((buf[a:b], ring.prv, ring.tag))
         return self.ctx.transport.start(sends, recvs)
 
-    def run(self, buf: Any) -> None:
-        if self.trivial:
+    def run(self, buf: Any, first: int = 0, stop: int | None = None) -> None:
+        """Run steps ``first .. stop-1`` (default: all) on ``buf``."""
+        stop = self.steps if stop is None else stop
+        if self.trivial or first >= stop:
             return
         reduce_into = self.ctx.backend.reduce_into
         op = self.op
-        steps = self.steps
-        rs_steps = steps // 2
+        rs_steps = self.steps // 2
         rings = self.rings
         posted: list[Any] = []
         # Batches of the reduce-scatter by (ring, chunk): before the all-gather writes into a
@@ -173,11 +166,11 @@ class Multiring(Algorithm):
                 rs_by_chunk[i].setdefault(c, []).append(p)
 
         for i, ring in enumerate(rings):
-            for c in range(max(len(ring.send[0]), len(ring.recv[0]))):
-                post(i, 0, c)
-        for t in range(steps):
+            for c in range(max(len(ring.send[first]), len(ring.recv[first]))):
+                post(i, first, c)
+        for t in range(first, stop):
             reducing = t < rs_steps
-            last = t + 1 == steps
+            last = t + 1 == stop
             for c in range(self.maxc[t]):
                 for i, ring in enumerate(rings):
                     chunks = ring.recv[t]
@@ -198,6 +191,51 @@ class Multiring(Algorithm):
                         post(i, t + 1, c)
         for p in posted:
             p.wait()
+
+
+@register
+class Multiring(Algorithm):
+    """Concurrent, chunk-pipelined rings; see the module docstring."""
+
+    name = "multiring"
+    param_names = ("rings", "chunk_bytes", "order")
+
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any], world_size: int) -> dict[str, Any]:
+        p = super().check_params(params, world_size)
+        rings = check_rings(p.get("rings", 1))
+        return {
+            "rings": rings,
+            "chunk_bytes": check_chunk_bytes(p.get("chunk_bytes", 0)),
+            "order": validate_order(p.get("order", "topology"), rings, world_size),
+        }
+
+    @classmethod
+    def search_space(cls, trial: Any, world_size: int, nbytes: int) -> dict[str, Any]:
+        rings = trial.suggest_int("multiring.rings", 1, 8)
+        # Chunks from 16 KiB up to the size of one rank's block; 0 = whole segment. The list
+        # does not depend on ``rings`` so that the sampler learns one chunk_bytes across ring
+        # counts (a chunk larger than a ring's segment behaves as 0).
+        seg = max(1, nbytes // max(1, world_size))
+        choices = [0] + [1 << k for k in range(14, 27) if (1 << k) < seg]
+        chunk = trial.suggest_categorical("multiring.chunk_bytes", choices)
+        # On up to 3 ranks every ring order is the same cycle (up to direction), so the
+        # order is only searched where it can change which links a ring uses.
+        orders = ["topology", "identity"] if world_size > 3 else ["topology"]
+        order = trial.suggest_categorical("multiring.order", orders)
+        return {"rings": rings, "chunk_bytes": chunk, "order": order}
+
+    def __init__(self, ctx: Context, count: int, dtype: str, op: str,
+                 params: Mapping[str, Any]) -> None:
+        super().__init__(ctx, count, dtype, op, params)
+        self.schedule = RingSchedule(ctx, 0, count, dtype, op, self.params["rings"],
+                                     self.params["chunk_bytes"], self.params["order"])
+        self.trivial = self.schedule.trivial
+
+    def run(self, buf: Any) -> None:
+        if self.trivial:
+            return
+        self.schedule.run(buf)
 
 
 def _itemsize(dtype: str) -> int:

@@ -1,0 +1,284 @@
+"""Cluster and workload descriptions for the cost model and ``ringtune simulate``.
+
+Use ``load_cluster(path)`` / ``load_workload(path)`` to read the YAML files under
+``profiles/clusters/``; every problem is a ``ValueError`` naming the file and the key path
+(``gpu-8x.yaml: levels[1].bandwidth_gbs: expected a positive number, got 0``), which the
+CLI turns into exit code 2. ``Cluster`` is also what calibration on this machine produces.
+
+A cluster is a tiered topology, levels innermost first. Level *l* groups ``size`` units of
+level *l−1* (level 0 groups ranks, e.g. the GPUs of a host); ranks are numbered so that
+each group is contiguous. Each level describes the links a rank uses to reach a peer whose
+nearest common group is at that level:
+
+- ``bandwidth_gbs``: one link, one direction, GB/s (10⁹ bytes/s);
+- ``latency_us``: one message across the level, hardware figure;
+- ``links_per_rank``: links of this level per rank; a fraction when ranks share a link
+  (one 50 Gbit NIC for 8 GPUs is 0.125);
+- ``shared``: ``true`` when concurrent flows of one rank share its links as one pipe
+  (a NIC, NVSwitch); ``false`` when each flow runs on one link of its own (NVLink bricks
+  between GPU pairs), so one ring cannot use more than one link.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+_LEVEL_KEYS = {"name", "size", "bandwidth_gbs", "latency_us", "links_per_rank", "shared",
+               "source"}
+_CLUSTER_KEYS = {"name", "description", "ranks", "ranks_per_host", "levels", "memory_gbs",
+                 "overhead_us", "sources", "notes"}
+_WORKLOAD_KEYS = {"name", "description", "gradient_bytes", "compute_seconds", "overlap",
+                  "sources", "notes"}
+
+#: Software cost of posting one message (or one reduction call) when a file gives none:
+#: what a GPU collective library spends per chunk, not a hardware figure.
+DEFAULT_OVERHEAD_US = 5.0
+
+
+@dataclass(frozen=True)
+class Level:
+    """One tier of a cluster; see the module docstring for the meaning of the fields."""
+
+    name: str
+    size: int
+    bandwidth_gbs: float
+    latency_us: float
+    links_per_rank: float = 1.0
+    shared: bool = True
+    source: str = ""
+    #: Measured (message bytes, GB/s) points when bandwidth depends on the message size
+    #: (protocol switches of an MPI library); ``bandwidth_gbs`` is then the largest size's.
+    curve: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A tiered cluster: ``levels`` innermost first, ``memory_gbs`` the memory bandwidth of
+    one rank's device (a reduction reads two arrays and writes one: rate ``memory_gbs/3``),
+    ``overhead_us`` the software cost per message."""
+
+    name: str
+    levels: tuple[Level, ...]
+    memory_gbs: float
+    overhead_us: float = DEFAULT_OVERHEAD_US
+    description: str = ""
+    sources: tuple[str, ...] = ()
+    #: How many of the innermost levels are inside one host (a host may have tiers).
+    host_levels: int = 1
+    #: Measured (array bytes, GB/s) points of ``memory_gbs`` by size (caches), if any.
+    memory_curve: tuple[tuple[int, float], ...] = ()
+    path: str | None = field(default=None, compare=False)
+
+    @property
+    def ranks(self) -> int:
+        return math.prod(lv.size for lv in self.levels)
+
+    @property
+    def ranks_per_host(self) -> int:
+        return math.prod(lv.size for lv in self.levels[:self.host_levels])
+
+    @property
+    def hosts(self) -> int:
+        return self.ranks // self.ranks_per_host
+
+    def host_of(self) -> tuple[int, ...]:
+        """Host index of every rank (level-0 groups)."""
+        k = self.ranks_per_host
+        return tuple(r // k for r in range(self.ranks))
+
+    def with_hosts(self, hosts: int) -> Cluster:
+        """The same kind of cluster with ``hosts`` hosts: outer levels filled innermost
+        first (a partial outer level shrinks; what does not divide goes into the last)."""
+        if hosts < 1:
+            raise ValueError(f"hosts must be at least 1, got {hosts}")
+        levels = list(self.levels[:self.host_levels])
+        rest = hosts
+        outer = list(self.levels[self.host_levels:])
+        for i, lv in enumerate(outer):
+            last = i == len(outer) - 1
+            size = rest if last else math.gcd(rest, lv.size)
+            if size > 1 or last:
+                levels.append(replace(lv, size=max(1, size)))
+            rest //= max(1, size)
+        if not outer and hosts > 1:
+            raise ValueError(f"cluster {self.name!r} has one level: it cannot have {hosts} hosts")
+        return replace(self, levels=tuple(levels), name=f"{self.name}@{hosts}")
+
+    def flat_hosts(self) -> Cluster:
+        """One rank per host (what an inter-host-only allreduce sees, as in Goyal et al.'s
+        "intra-server sum, inter-server allreduce"): the host's links all go to that rank."""
+        k = self.ranks_per_host
+        outer = tuple(replace(lv, links_per_rank=lv.links_per_rank * k)
+                      for lv in self.levels[self.host_levels:])
+        unit = Level("rank", 1, self.levels[0].bandwidth_gbs, self.levels[0].latency_us)
+        return replace(self, levels=(unit,) + outer, host_levels=1,
+                       name=f"{self.name} (1 rank/host)")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A training step: one allreduce of ``gradient_bytes`` per step of ``compute_seconds``,
+    with a fraction ``overlap`` of the allreduce hidden behind compute (bounded by the
+    compute time)."""
+
+    name: str
+    gradient_bytes: int
+    compute_seconds: float
+    overlap: float = 0.0
+    description: str = ""
+    sources: tuple[str, ...] = ()
+
+    def step_seconds(self, allreduce_seconds: float) -> float:
+        hidden = min(self.overlap * allreduce_seconds, self.compute_seconds)
+        return self.compute_seconds + allreduce_seconds - hidden
+
+    def efficiency(self, allreduce_seconds: float) -> float:
+        """Weak-scaling efficiency: step time of one GPU (compute only) over this step."""
+        return self.compute_seconds / self.step_seconds(allreduce_seconds)
+
+
+# -- validation ------------------------------------------------------------------------
+
+
+def _read_yaml(path: str) -> Any:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+
+
+def _unknown(where: str, data: Mapping[str, Any], allowed: set[str]) -> None:
+    extra = sorted(set(data) - allowed)
+    if extra:
+        raise ValueError(f"{where}{extra[0]}: unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
+def _positive(where: str, value: Any, integer: bool = False, zero: bool = False) -> Any:
+    ok_type = (isinstance(value, int) if integer else isinstance(value, (int, float)))
+    if not ok_type or isinstance(value, bool) or not math.isfinite(value) or (
+        value < 0 if zero else value <= 0
+    ):
+        kind = "integer" if integer else "number"
+        bound = "non-negative" if zero else "positive"
+        raise ValueError(f"{where}: expected a {bound} {kind}, got {value!r}")
+    return value
+
+
+def _text(where: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: expected text, got {value!r}")
+    return value
+
+
+def _sources(where: str, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise ValueError(f"{where}: expected a list of texts, got {value!r}")
+    return tuple(value)
+
+
+def cluster_from_dict(data: Any, where: str = "cluster") -> Cluster:
+    """A validated ``Cluster`` from parsed YAML; ``where`` (the file name) prefixes errors."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping with keys name, ranks, levels, "
+                         f"memory_gbs; got {type(data).__name__}")
+    p = f"{where}: "
+    _unknown(p, data, _CLUSTER_KEYS)
+    for key in ("levels", "ranks", "memory_gbs"):
+        if key not in data:
+            raise ValueError(f"{p}{key}: missing (required: levels, ranks, memory_gbs)")
+    raw = data["levels"]
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"{p}levels: expected a non-empty list of levels (innermost first), "
+                         f"got {raw!r}")
+    levels = []
+    for i, lv in enumerate(raw):
+        q = f"{p}levels[{i}]"
+        if not isinstance(lv, dict):
+            raise ValueError(f"{q}: expected a mapping, got {lv!r}")
+        _unknown(q + ".", lv, _LEVEL_KEYS)
+        for key in ("size", "bandwidth_gbs", "latency_us"):
+            if key not in lv:
+                raise ValueError(f"{q}.{key}: missing (each level needs size, bandwidth_gbs, "
+                                 f"latency_us)")
+        shared = lv.get("shared", True)
+        if not isinstance(shared, bool):
+            raise ValueError(f"{q}.shared: expected true or false, got {shared!r}")
+        levels.append(Level(
+            name=_text(f"{q}.name", lv.get("name", f"level{i}")),
+            size=_positive(f"{q}.size", lv["size"], integer=True),
+            bandwidth_gbs=float(_positive(f"{q}.bandwidth_gbs", lv["bandwidth_gbs"])),
+            latency_us=float(_positive(f"{q}.latency_us", lv["latency_us"], zero=True)),
+            links_per_rank=float(_positive(f"{q}.links_per_rank", lv.get("links_per_rank", 1))),
+            shared=shared,
+            source=_text(f"{q}.source", lv.get("source", "")),
+        ))
+    ranks = _positive(f"{p}ranks", data["ranks"], integer=True)
+    product = math.prod(lv.size for lv in levels)
+    if product != ranks:
+        sizes = " x ".join(str(lv.size) for lv in levels)
+        raise ValueError(f"{p}levels: sizes {sizes} = {product} ranks, but ranks is {ranks}; "
+                         f"make the product of levels[*].size equal ranks")
+    per_host = _positive(f"{p}ranks_per_host", data.get("ranks_per_host", levels[0].size),
+                         integer=True)
+    prefixes = [math.prod(lv.size for lv in levels[:i + 1]) for i in range(len(levels))]
+    if per_host not in prefixes:
+        raise ValueError(f"{p}ranks_per_host: {per_host} is not the size of a group of "
+                         f"innermost levels ({', '.join(map(str, prefixes))}); a host must "
+                         f"be whole levels")
+    return Cluster(
+        host_levels=prefixes.index(per_host) + 1,
+        name=_text(f"{p}name", data.get("name", where)),
+        levels=tuple(levels),
+        memory_gbs=float(_positive(f"{p}memory_gbs", data["memory_gbs"])),
+        overhead_us=float(_positive(f"{p}overhead_us",
+                                    data.get("overhead_us", DEFAULT_OVERHEAD_US), zero=True)),
+        description=_text(f"{p}description", data.get("description", "")),
+        sources=_sources(f"{p}sources", data.get("sources")),
+    )
+
+
+def load_cluster(path: str | os.PathLike[str]) -> Cluster:
+    """Read and validate a cluster file; ``ValueError`` naming file and key otherwise."""
+    name = os.fspath(path)
+    return replace(cluster_from_dict(_read_yaml(name), name), path=name)
+
+
+def workload_from_dict(data: Any, where: str = "workload") -> Workload:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping with keys gradient_bytes, "
+                         f"compute_seconds, overlap; got {type(data).__name__}")
+    p = f"{where}: "
+    _unknown(p, data, _WORKLOAD_KEYS)
+    for key in ("gradient_bytes", "compute_seconds"):
+        if key not in data:
+            raise ValueError(f"{p}{key}: missing (required: gradient_bytes, compute_seconds)")
+    overlap = data.get("overlap", 0.0)
+    if (not isinstance(overlap, (int, float)) or isinstance(overlap, bool)
+            or not 0 <= overlap <= 1):
+        raise ValueError(f"{p}overlap: expected a fraction 0..1, got {overlap!r}")
+    return Workload(
+        name=_text(f"{p}name", data.get("name", where)),
+        gradient_bytes=_positive(f"{p}gradient_bytes", data["gradient_bytes"], integer=True),
+        compute_seconds=float(_positive(f"{p}compute_seconds", data["compute_seconds"])),
+        overlap=float(overlap),
+        description=_text(f"{p}description", data.get("description", "")),
+        sources=_sources(f"{p}sources", data.get("sources")),
+    )
+
+
+def load_workload(path: str | os.PathLike[str]) -> Workload:
+    name = os.fspath(path)
+    return workload_from_dict(_read_yaml(name), name)

@@ -1,0 +1,227 @@
+"""ringtune simulate — plan a cluster you do not have, with the α–β cost model.
+
+For each message size from ``-b`` to ``-e`` (factor ``-f``), the predicted time and bus
+bandwidth of each algorithm's best configuration on the cluster described by ``--cluster``
+(a YAML file; see ``profiles/clusters/``). With ``--workload`` (gradient bytes, compute
+seconds per step, overlap fraction), the predicted weak-scaling efficiency from one host up
+to the cluster's size. ``--json`` writes the same as JSON, ``--report DIR`` a PNG plot and
+the tables as Markdown. Runs in one process; nothing is measured.
+
+  ringtune simulate --cluster profiles/clusters/dgx-h100-128.yaml -b 1K -e 512M -f 2 \\
+      --workload profiles/clusters/workloads/resnet50-p100.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+HELP = "predict allreduce time and scaling on a described cluster (cost model)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", metavar="FILE", required=True,
+                   help="cluster description (YAML, see profiles/clusters/)")
+    p.add_argument("-b", "--minbytes", default="1K", help="smallest size (default 1K)")
+    p.add_argument("-e", "--maxbytes", default="256M", help="largest size (default 256M)")
+    p.add_argument("-f", "--stepfactor", type=float, default=4.0,
+                   help="size multiplication factor (default 4)")
+    p.add_argument("--workload", metavar="FILE",
+                   help="training step (YAML: gradient_bytes, compute_seconds, overlap): "
+                   "adds the predicted scaling efficiency from 1 host to the cluster")
+    p.add_argument("--algo", metavar="NAME", action="append",
+                   help="only these algorithms (repeatable; default: all the model knows)")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="write the results as JSON (to FILE, or stdout instead of the tables)")
+    p.add_argument("--report", metavar="DIR", help="write simulate.png and simulate.md here")
+
+
+def host_counts(hosts: int) -> list[int]:
+    """1, 2, 4, … up to ``hosts``, and ``hosts`` itself."""
+    out, h = [], 1
+    while h < hosts:
+        out.append(h)
+        h *= 2
+    out.append(hosts)
+    return out
+
+
+def simulate(cluster: Any, sizes: list[int], workload: Any = None,
+             algorithms: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The whole result as plain data (what ``--json`` writes)."""
+    from autotune.model import ALGORITHMS, Model
+
+    algos = algorithms or ALGORITHMS
+    model = Model(cluster)
+    best = model.best(sizes, algos)
+    rows = []
+    for i, size in enumerate(sizes):
+        per: dict[str, dict[str, Any]] = {
+            name: {"time_us": _sig(best[name][i].time_us),
+                   "busbw_gbps": _sig(best[name][i].busbw_gbps),
+                   "params": best[name][i].params,
+                   "config": best[name][i].describe()}
+            for name in algos if name in best}
+        winner = min(per, key=lambda k: per[k]["time_us"])
+        rows.append({"bytes": size, "algorithms": per, "best": winner})
+    out: dict[str, Any] = {
+        "cluster": {"name": cluster.name, "file": cluster.path, "ranks": cluster.ranks,
+                    "hosts": cluster.hosts, "ranks_per_host": cluster.ranks_per_host,
+                    "levels": [{"name": lv.name, "size": lv.size,
+                                "bandwidth_gbs": lv.bandwidth_gbs,
+                                "latency_us": lv.latency_us,
+                                "links_per_rank": lv.links_per_rank, "shared": lv.shared}
+                               for lv in cluster.levels]},
+        "sizes": rows,
+    }
+    if workload is not None:
+        scaling = []
+        for h in host_counts(cluster.hosts):
+            sub = cluster.with_hosts(h)
+            sub_best = Model(sub).best([workload.gradient_bytes], algos)
+            per = {}
+            for name, preds in sub_best.items():
+                t = preds[0].time_us * 1e-6
+                per[name] = {"allreduce_ms": _sig(t * 1e3),
+                             "step_ms": _sig(workload.step_seconds(t) * 1e3),
+                             "efficiency": _sig(workload.efficiency(t)),
+                             "config": preds[0].describe(), "params": preds[0].params}
+            winner = max(per, key=lambda k: per[k]["efficiency"])
+            scaling.append({"hosts": h, "ranks": sub.ranks, "algorithms": per,
+                            "best": winner})
+        out["workload"] = {"name": workload.name, "gradient_bytes": workload.gradient_bytes,
+                           "compute_seconds": workload.compute_seconds,
+                           "overlap": workload.overlap, "scaling": scaling}
+    return out
+
+
+def _sig(x: float, digits: int = 6) -> float:
+    """``x`` rounded to ``digits`` significant digits (JSON stays readable, tiny values
+    keep their meaning)."""
+    return float(f"{x:.{digits}g}")
+
+
+def _fmt_size(n: int) -> str:
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return str(n)
+
+
+def tables(result: dict[str, Any]) -> list[str]:
+    c = result["cluster"]
+    levels = " x ".join(f"{lv['name']} {lv['size']}" for lv in c["levels"])
+    lines = [f"# cluster {c['name']}: {c['ranks']} ranks = {c['hosts']} hosts x "
+             f"{c['ranks_per_host']} ({levels})",
+             f"# {'size':>8}  {'algorithm':<13}{'time(us)':>12}{'busbw(GB/s)':>13}  "
+             f"best configuration"]
+    for row in result["sizes"]:
+        first = True
+        for name, r in row["algorithms"].items():
+            mark = " *" if name == row["best"] else ""
+            size = _fmt_size(row["bytes"]) if first else ""
+            lines.append(f"  {size:>8}  {name:<13}{r['time_us']:>12.1f}{r['busbw_gbps']:>13.2f}"
+                         f"  {r['config']}{mark}")
+            first = False
+    w = result.get("workload")
+    if w:
+        names = list(w["scaling"][0]["algorithms"])
+        lines.append("")
+        lines.append(f"# workload {w['name']}: {w['gradient_bytes']} B of gradients per step, "
+                     f"compute {w['compute_seconds']} s, overlap {w['overlap']:.2f}; "
+                     f"scaling efficiency (weak scaling, 1 GPU = 100%)")
+        lines.append(f"# {'hosts':>5}{'ranks':>7}" + "".join(f"{n:>14}" for n in names)
+                     + "   best (allreduce ms)")
+        for s in w["scaling"]:
+            b = s["algorithms"][s["best"]]
+            lines.append(f"  {s['hosts']:>5}{s['ranks']:>7}"
+                         + "".join(f"{100 * s['algorithms'][n]['efficiency']:>13.1f}%"
+                                   for n in names)
+                         + f"   {b['config']} ({b['allreduce_ms']:.2f})")
+    lines.append("# * = fastest at that size. Predicted by the alpha-beta model "
+                 "(autotune/model.py), not measured.")
+    return lines
+
+
+def _plot(result: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+
+    w = result.get("workload")
+    fig, axes = plt.subplots(1, 2 if w else 1, figsize=(12 if w else 7, 4.5), squeeze=False)
+    ax = axes[0][0]
+    sizes = [r["bytes"] for r in result["sizes"]]
+    for name in result["sizes"][0]["algorithms"]:
+        ax.plot(sizes, [r["algorithms"][name]["busbw_gbps"] for r in result["sizes"]],
+                marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("predicted busbw (GB/s)")
+    ax.set_title(f"{result['cluster']['name']} ({result['cluster']['ranks']} ranks)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    if w:
+        ax2 = axes[0][1]
+        ranks = [s["ranks"] for s in w["scaling"]]
+        for name in w["scaling"][0]["algorithms"]:
+            ax2.plot(ranks, [100 * s["algorithms"][name]["efficiency"] for s in w["scaling"]],
+                     marker="o", label=name)
+        ax2.set_xscale("log", base=2)
+        ax2.set_xlabel("ranks")
+        ax2.set_ylabel("predicted scaling efficiency (%)")
+        ax2.set_title(f"workload {w['name']}")
+        ax2.grid(True, alpha=0.3)
+        ax2.legend()
+    fig.tight_layout()
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp")
+    try:
+        fig.savefig(tmp, format="png", dpi=110)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune.cluster import load_cluster, load_workload
+    from autotune.model import ALGORITHMS
+    from collectives.bench import parse_size, size_list
+    from ringtune.errors import UsageError
+    from ringtune.files import write_text_atomic
+
+    cluster = load_cluster(args.cluster)
+    workload = load_workload(args.workload) if args.workload else None
+    sizes = [s for s in size_list(parse_size(args.minbytes), parse_size(args.maxbytes),
+                                  args.stepfactor) if s > 0]
+    if not sizes:
+        raise UsageError("simulate: no positive sizes between -b and -e")
+    algos = tuple(args.algo) if args.algo else ALGORITHMS
+    unknown = [a for a in algos if a not in ALGORITHMS]
+    if unknown:
+        raise UsageError(f"--algo {unknown[0]}: the cost model knows {', '.join(ALGORITHMS)}")
+    result = simulate(cluster, sizes, workload, algos)
+    lines = tables(result)
+    if args.json:
+        text = json.dumps(result, indent=1, default=str) + "\n"
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            write_text_atomic(args.json, text)
+    if args.json != "-":
+        print("\n".join(lines))
+    if args.report:
+        os.makedirs(args.report, exist_ok=True)
+        _plot(result, os.path.join(args.report, "simulate.png"))
+        write_text_atomic(os.path.join(args.report, "simulate.md"),
+                          "```\n" + "\n".join(lines) + "\n```\n")
+    return 0
