@@ -74,6 +74,8 @@ class Communicator:
         self._logged: set[Any] = set()
         self.profile = self._resolve_profile(profile)
         self.hosts = self._agree_at_construction()
+        if self.topology is None:
+            self.topology = self._detect_topology()
         self._check_fingerprint()
 
     # -- construction ---------------------------------------------------------------
@@ -128,6 +130,16 @@ class Communicator:
         names: dict[str, int] = {}
         return tuple(names.setdefault(name, len(names)) for name, _, _, _ in everyone)
 
+    def _detect_topology(self) -> Any:
+        """Probe this world once (collective, ~0.1 s; ``$RINGTUNE_TOPOLOGY`` replaces
+        detection): ring orders follow it and the profile's fingerprint is checked
+        against it. Imported here so ``import collectives`` stays light."""
+        try:
+            import probes
+        except ImportError:  # the runtime works without the probes package
+            return None
+        return probes.detect(self.comm)
+
     def _check_fingerprint(self) -> None:
         """Compare the profile's topology fingerprint with this world's (when the profile
         has one): warn once and use built-in defaults, or raise when strict."""
@@ -135,11 +147,9 @@ class Communicator:
         assert isinstance(prof, Profile)
         if prof.builtin or not prof.fingerprint:
             return
-        try:
-            from probes import world_fingerprint
-        except ImportError:
+        if self.topology is None:
             return
-        here = world_fingerprint(self.comm, self.topology)
+        here = self.topology.fingerprint()
         if here == prof.fingerprint:
             return
         msg = (f"{prof.path}: profile was tuned on topology {prof.fingerprint[:19]}…, this "

@@ -4,6 +4,13 @@ A ring order is a permutation of the ranks ``0..n-1`` read as a Hamiltonian cycl
 follows the machine (ranks of one host adjacent, so only two edges of the cycle cross
 hosts); further rings use different cycles — the reverse direction, then strides co-prime
 with n — so that concurrent rings load different links.
+
+With a probed ``probes.Topology`` (``order: topology``), the cycles come from the topology's
+link scores (``Topology.ring_orders``): inside a host, consecutive ranks share the best link
+(NVLink count, then PCIe level, then NUMA node; measured bandwidth first when links were
+measured), the ring's slowest link is maximised, and rings k >= 2 reuse as few directed
+links of earlier rings as possible while keeping hosts adjacent. Without a topology (or for
+an object that only offers ``ring_order()``), the derived cycles above are used.
 """
 
 from __future__ import annotations
@@ -56,20 +63,22 @@ def host_grouped_order(hosts: Sequence[int]) -> list[int]:
 
 
 def ring_orders(
-    order: Any, rings: int, size: int, hosts: Sequence[int] = (), topology: Any = None
+    order: Any, rings: int, size: int, hosts: Sequence[int] = (), topology: Any = None,
+    world_ranks: Sequence[int] = (),
 ) -> list[list[int]]:
     """The ``rings`` cycles for the ``order`` parameter of ``multiring``.
 
     ``order`` is ``"identity"`` (0, 1, …, n−1 and its derived cycles), ``"topology"``
     (from the probed topology when given, else ranks grouped by host), a single
     permutation (ring 0; further rings derived from it) or a list of ``rings``
-    permutations, one per ring.
+    permutations, one per ring. ``world_ranks``: for a sub-communicator, the world rank
+    of each of its ranks (so a world topology can order it).
     """
     if order == "identity":
         return derived_cycles(list(range(size)), rings)
     if order == "topology":
         if topology is not None:
-            from_topology = _topology_cycles(topology, rings, size)
+            from_topology = _topology_cycles(topology, rings, size, world_ranks)
             if from_topology is not None:
                 return from_topology
         base = host_grouped_order(hosts) if len(hosts) == size else list(range(size))
@@ -91,14 +100,39 @@ def ring_orders(
     )
 
 
-def _topology_cycles(topology: Any, rings: int, size: int) -> list[list[int]] | None:
-    """Cycles from a probed ``Topology`` (``None`` when it cannot say more than hosts)."""
-    base = getattr(topology, "ring_order", None)
-    if callable(base):
-        perm = base()
-        if perm is not None and sorted(perm) == list(range(size)):
-            return derived_cycles(list(perm), rings)
-    return None
+def _topology_cycles(topology: Any, rings: int, size: int,
+                     world_ranks: Sequence[int] = ()) -> list[list[int]] | None:
+    """Cycles from a probed ``Topology`` (``None`` when it cannot say more than hosts).
+
+    Every cycle is checked to be a permutation of ``0..size-1``: a topology that does not
+    describe this communicator (other world size) falls back to the host grouping."""
+    world = getattr(topology, "world_size", None)
+    sub = list(world_ranks) if world_ranks else None
+    if sub is not None:
+        if len(sub) != size:
+            return None
+        if sub == list(range(size)) and world == size:
+            sub = None  # the world itself
+        elif isinstance(world, int) and not all(0 <= r < world for r in sub):
+            return None
+    if sub is None and isinstance(world, int) and world != size:
+        return None
+    many = getattr(topology, "ring_orders", None)
+    cycles: list[list[int]] | None = None
+    if callable(many):
+        cycles = many(rings, sub) if sub is not None else many(rings)
+    else:
+        base = getattr(topology, "ring_order", None)
+        if callable(base) and sub is None:
+            perm = base()
+            if perm is not None:
+                cycles = derived_cycles(list(perm), rings)
+    if not cycles or len(cycles) != rings:
+        return None
+    want = list(range(size))
+    if any(sorted(c) != want for c in cycles):
+        return None
+    return [list(c) for c in cycles]
 
 
 def validate_order(order: Any, rings: int, size: int) -> Any:

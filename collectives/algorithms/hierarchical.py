@@ -349,7 +349,7 @@ def _sub_contexts(ctx: Context, hosts: Sequence[int], dims: Sequence[int]) -> li
         comm = ctx.comm.Split(base, coord)
         subs.append(Context(
             comm=comm, backend=ctx.backend, transport=ctx.transport.sub(comm),
-            hosts=tuple(hosts[r] for r in members), topology=None,
+            hosts=tuple(hosts[r] for r in members), topology=ctx.topology,
             world_ranks=tuple(world[r] for r in members)))
         stride *= d
     ctx.cache[key] = tuple(subs)

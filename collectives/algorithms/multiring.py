@@ -106,7 +106,7 @@ class RingSchedule:
         itemsize = _itemsize(dtype)
         maxpiece = -(-max(ln for _, ln in blocks) // rings)
         chunk = max(1, chunk_bytes // itemsize) if chunk_bytes else max(1, maxpiece)
-        perms = ring_orders(order, rings, n, ctx.hosts, ctx.topology)
+        perms = ring_orders(order, rings, n, ctx.hosts, ctx.topology, ctx.world_ranks)
         for k, perm in enumerate(perms):
             pieces = [(off + o, ln) for off, blen in blocks
                       for o, ln in [_balanced(blen, rings)[k]]]

@@ -1,0 +1,581 @@
+"""The ``Topology`` record: what the machine is, as frozen dataclasses.
+
+Use it to read what ``probes.detect`` found (``topology.hosts[0].gpus``,
+``topology.ranks[r].gpu``), to save and load it (``to_yaml``/``from_yaml``, also
+``to_dict``/``from_dict`` and JSON), to compare worlds (``fingerprint()``, structural facts
+only, see DESIGN.md "Topology"), to describe it in one line (``summary()``), and to ask for
+ring orders that follow it (``ring_order()``, ``ring_orders(k)``).
+
+Unknown facts are ``None`` (or empty tuples), never guessed: a VM's ``numa_node`` of -1
+becomes ``None``, a NIC whose speed reads -1 has ``speed_mbps`` ``None``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._sysfs import format_cpulist, parse_cpulist
+
+FORMAT = "ringtune-topology"
+VERSION = 1
+FINGERPRINT_VERSION = 1
+
+#: PCIe path classes, best first, as ``nvidia-smi topo -m`` labels them.
+PCIE_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+#: ``nvmlGpuTopologyLevel_t`` -> label (INTERNAL, a two-GPU board, counts as PIX).
+NVML_LEVELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+#: ``nvmlGpuP2PStatus_t`` -> ``nvidia-smi topo -p2p`` labels.
+P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
+NIC_KINDS = ("ethernet", "infiniband", "roce", "other")
+
+
+class TopologyError(ValueError):
+    """A topology file or record is malformed; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    """A NUMA node: its CPUs and its distances to every node (in ``Host.numa`` order)."""
+
+    id: int
+    cpus: tuple[int, ...] = ()
+    distances: tuple[int, ...] = ()
+    memory_mb: int | None = None
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """A PCI device of interest (GPU, NIC, NVSwitch) or a bridge on the path to one.
+
+    ``parents`` are the PCI addresses from the device's parent up to its root port
+    (closest first); ``root`` is the root complex (``"pci0000:3a"``). Link speeds are GT/s
+    (``pcie_gen`` maps them to generations).
+    """
+
+    address: str
+    kind: str = "other"
+    class_code: str | None = None
+    vendor: str | None = None
+    device: str | None = None
+    numa_node: int | None = None
+    link_speed_gts: float | None = None
+    link_width: int | None = None
+    max_link_speed_gts: float | None = None
+    max_link_width: int | None = None
+    parents: tuple[str, ...] = ()
+    root: str | None = None
+
+
+@dataclass(frozen=True)
+class NvLink:
+    """Active NVLinks of a GPU towards one remote device (``kind`` gpu/switch/cpu/unknown)."""
+
+    remote: str | None
+    kind: str = "unknown"
+    links: int = 0
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as NVML sees it; ``index`` is the NVML index, ``bus_id`` the sysfs form."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    memory_bytes: int | None = None
+    bus_id: str | None = None
+    numa_node: int | None = None
+    cpus: tuple[int, ...] = ()
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    pcie_max_gen: int | None = None
+    pcie_max_width: int | None = None
+    nvlinks: tuple[NvLink, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuPair:
+    """How GPUs ``a`` < ``b`` of one host are connected: PCIe level (PIX … SYS), NVLinks
+    between them (direct or through NVSwitches) and NVML's P2P status labels."""
+
+    a: int
+    b: int
+    level: str | None = None
+    nvlinks: int = 0
+    p2p_read: str | None = None
+    p2p_write: str | None = None
+    p2p_nvlink: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The ``nvidia-smi topo -m`` cell: ``NV#`` when NVLinked, else the PCIe level."""
+        return f"NV{self.nvlinks}" if self.nvlinks > 0 else (self.level or "?")
+
+
+@dataclass(frozen=True)
+class Nic:
+    """A network port: Ethernet interface, InfiniBand port or RoCE port."""
+
+    name: str
+    kind: str = "other"
+    speed_mbps: int | None = None
+    state: str | None = None
+    mtu: int | None = None
+    pci: str | None = None
+    numa_node: int | None = None
+    netdev: str | None = None
+    port: int | None = None
+    link_layer: str | None = None
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine. ``gpu_source`` says where GPU facts came from or why there are none."""
+
+    name: str = ""
+    cpu_model: str | None = None
+    sockets: int | None = None
+    cores: int | None = None
+    cpus: int | None = None
+    numa: tuple[NumaNode, ...] = ()
+    gpus: tuple[Gpu, ...] = ()
+    gpu_pairs: tuple[GpuPair, ...] = ()
+    nics: tuple[Nic, ...] = ()
+    pci: tuple[PciDevice, ...] = ()
+    gpu_source: str | None = None
+
+    def gpu_pair(self, a: int, b: int) -> GpuPair | None:
+        """The pair record of GPUs ``a`` and ``b`` (positions in ``gpus``), either order."""
+        lo, hi = min(a, b), max(a, b)
+        for p in self.gpu_pairs:
+            if p.a == lo and p.b == hi:
+                return p
+        return None
+
+    def gpu_matrix(self) -> list[list[str]]:
+        """The GPU-to-GPU block of ``nvidia-smi topo -m``: ``X`` on the diagonal."""
+        n = len(self.gpus)
+        out = [["X" if i == j else "?" for j in range(n)] for i in range(n)]
+        for p in self.gpu_pairs:
+            if 0 <= p.a < n and 0 <= p.b < n:
+                out[p.a][p.b] = out[p.b][p.a] = p.label
+        return out
+
+    def pci_device(self, address: str | None) -> PciDevice | None:
+        for d in self.pci:
+            if d.address == address:
+                return d
+        return None
+
+    def numa_of_cpus(self, cpus: Sequence[int]) -> int | None:
+        """The NUMA node holding all of ``cpus``, else ``None`` (unbound or spread)."""
+        want = set(cpus)
+        if not want:
+            return None
+        for node in self.numa:
+            if want <= set(node.cpus):
+                return node.id
+        return None
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one rank runs: host index, local rank, GPU (position in the host's ``gpus``)
+    and NUMA node; ``None`` when unknown or not bound."""
+
+    rank: int
+    host: int = 0
+    local_rank: int = 0
+    gpu: int | None = None
+    numa_node: int | None = None
+
+
+@dataclass(frozen=True)
+class Links:
+    """Measured point-to-point links between ranks (``None`` on the diagonal)."""
+
+    bandwidth_gbps: tuple[tuple[float | None, ...], ...] = ()
+    latency_us: tuple[tuple[float | None, ...], ...] = ()
+    message_bytes: int = 0
+    small_bytes: int = 0
+    repetitions: int = 0
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Hosts, rank layout and (optionally) measured links of one MPI world."""
+
+    hosts: tuple[Host, ...] = ()
+    ranks: tuple[RankPlace, ...] = ()
+    links: Links | None = None
+    source: str = "detected"
+    #: Scores and ring orders computed from the (immutable) facts; not part of equality.
+    _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False,
+                                   compare=False, hash=False)
+
+    # -- shape ------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def ranks_per_host(self) -> tuple[int, ...]:
+        """Ranks on each host, in host order."""
+        counts = [0] * len(self.hosts)
+        for p in self.ranks:
+            if 0 <= p.host < len(counts):
+                counts[p.host] += 1
+        return tuple(counts)
+
+    def rank_hosts(self) -> tuple[int, ...]:
+        return tuple(p.host for p in self.ranks)
+
+    def rank_gpu(self, rank: int) -> Gpu | None:
+        p = self.ranks[rank]
+        if p.gpu is None or not (0 <= p.host < len(self.hosts)):
+            return None
+        gpus = self.hosts[p.host].gpus
+        return gpus[p.gpu] if 0 <= p.gpu < len(gpus) else None
+
+    # -- serialisation ----------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (lists, dicts, numbers, strings): what ``to_yaml``/JSON write."""
+        data = _to_data(self)
+        assert isinstance(data, dict)
+        return {"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint(),
+                "summary": self.summary(), **data}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1) + "\n"
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return str(yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None,
+                                  width=99))
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<topology>") -> Topology:
+        """Build and check a ``Topology`` from plain data; ``TopologyError`` names
+        ``source`` and the key path of the first problem."""
+        try:
+            return _from_dict(data)
+        except TopologyError as exc:
+            raise TopologyError(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str = "<topology>") -> Topology:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise TopologyError(f"{source}:{where}: not valid YAML: {problem}") from None
+        return cls.from_dict(data, source)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<topology>") -> Topology:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TopologyError(f"{source}: line {exc.lineno}: not valid JSON: {exc.msg}") \
+                from None
+        return cls.from_dict(data, source)
+
+    # -- fingerprint and summary ------------------------------------------------------
+
+    def structure(self) -> dict[str, Any]:
+        """The structural facts the fingerprint hashes: world size, hosts, ranks per host,
+        and per host kind its CPU model, NUMA shape, GPU models, GPU link classes, NIC
+        kinds/speeds and which GPU each local rank uses. No names, bus ids, UUIDs, memory
+        in use or measured numbers. Hosts are sorted so the host order does not matter."""
+        per_host: list[list[RankPlace]] = [[] for _ in self.hosts]
+        for p in self.ranks:
+            if 0 <= p.host < len(per_host):
+                per_host[p.host].append(p)
+        kinds = []
+        for h, places in zip(self.hosts, per_host):
+            places.sort(key=lambda p: p.local_rank)
+            kinds.append(json.dumps({
+                "cpu_model": h.cpu_model,
+                "sockets": h.sockets,
+                "cores": h.cores,
+                "cpus": h.cpus,
+                "numa": [len(n.cpus) for n in h.numa],
+                "numa_distances": [list(n.distances) for n in h.numa],
+                "gpus": [g.name for g in h.gpus],
+                "gpu_links": h.gpu_matrix(),
+                "nics": sorted([n.kind, n.speed_mbps or 0] for n in h.nics),
+                "ranks": len(places),
+                "rank_gpus": [-1 if p.gpu is None else p.gpu for p in places],
+            }, sort_keys=True))
+        return {
+            "fingerprint_version": FINGERPRINT_VERSION,
+            "world_size": self.world_size,
+            "hosts": len(self.hosts),
+            "ranks_per_host": sorted(self.ranks_per_host()),
+            "host_kinds": sorted(kinds),
+        }
+
+    def fingerprint(self) -> str:
+        """``"sha256:<hex>"`` of ``structure()`` (canonical JSON)."""
+        blob = json.dumps(self.structure(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+    def summary(self) -> str:
+        """One line for people, e.g. ``"1 host x 4 ranks, cpu, shm"``."""
+        counts = self.ranks_per_host()
+        nh = len(self.hosts)
+        rph = str(counts[0]) if counts and len(set(counts)) == 1 else "/".join(map(str, counts))
+        parts = [f"{nh} host{'' if nh == 1 else 's'} x {rph or 0} rank{'' if rph == '1' else 's'}"]
+        gpus = [g for g in (self.rank_gpu(r) for r in range(self.world_size)) if g]
+        if gpus:
+            names = sorted({g.name or "GPU" for g in gpus})
+            parts.append("+".join(names))
+            nvlinked = False
+            for p in self.ranks:
+                for q in self.ranks:
+                    if (p.host == q.host and p.gpu is not None and q.gpu is not None
+                            and p.gpu != q.gpu):
+                        pair = self.hosts[p.host].gpu_pair(p.gpu, q.gpu)
+                        nvlinked = nvlinked or bool(pair and pair.nvlinks)
+            intra = "nvlink" if nvlinked else "pcie"
+        else:
+            parts.append("cpu")
+            intra = "shm"
+        shared = any(c > 1 for c in counts)  # some ranks talk inside a host
+        links = ([intra] if shared else []) + ([_best_nic_label(self.hosts)] if nh > 1 else [])
+        if links:
+            parts.append("+".join(links))
+        return ", ".join(parts)
+
+    # -- ring orders ------------------------------------------------------------------
+
+    def rank_scores(self) -> list[list[float]]:
+        """How good the link between every two ranks is (higher is better), cached.
+
+        Ranks on different hosts score 0. On one host: NVLinks between their GPUs, then
+        the PCIe level, then the same NUMA node. Measured bandwidth, when present, comes
+        first, in 25 % steps so that noise between equal links does not reorder them.
+        """
+        cached = self._cache.get("scores")
+        if cached is not None:
+            return typing.cast(list[list[float]], cached)
+        n = self.world_size
+        bw = self.links.bandwidth_gbps if self.links else ()
+        out = [[0.0] * n for _ in range(n)]
+        for a in range(n):
+            for b in range(n):
+                if a != b:
+                    s = self._structural_score(a, b)
+                    if len(bw) == n and len(bw[a]) == n:
+                        vals = [v for v in (bw[a][b], bw[b][a]) if v]
+                        if vals and min(vals) > 0:
+                            s += 1e6 * (1 + max(0, round(math.log(min(vals) * 1e3, 1.25))))
+                    out[a][b] = s
+        self._cache["scores"] = out
+        return out
+
+    def _structural_score(self, a: int, b: int) -> float:
+        pa, pb = self.ranks[a], self.ranks[b]
+        if pa.host != pb.host or not (0 <= pa.host < len(self.hosts)):
+            return 0.0
+        host = self.hosts[pa.host]
+        s = 1.0
+        if pa.numa_node is not None and pa.numa_node == pb.numa_node:
+            s += 1.0
+        if pa.gpu is not None and pb.gpu is not None:
+            if pa.gpu == pb.gpu:
+                return s + 50.0  # two ranks on one GPU: a device-local copy
+            pair = host.gpu_pair(pa.gpu, pb.gpu)
+            if pair is not None:
+                if pair.level in PCIE_LEVELS:
+                    s += 10.0 * (len(PCIE_LEVELS) - PCIE_LEVELS.index(pair.level))
+                s += 1000.0 * pair.nvlinks
+        return s
+
+    def ring_orders(self, rings: int, ranks: Sequence[int] | None = None) -> list[list[int]]:
+        """``rings`` cycles over the ranks (see ``probes.rings``). With ``ranks`` (world
+        ranks of a sub-communicator, in its rank order) the cycles are over positions
+        ``0..len(ranks)-1`` of that sub-communicator."""
+        from .rings import best_rings
+
+        sel = list(range(self.world_size)) if ranks is None else list(ranks)
+        key = f"rings:{rings}:{sel}"
+        cached = self._cache.get(key)
+        if cached is None:
+            full = self.rank_scores()
+            score = [[full[a][b] for b in sel] for a in sel]
+            hosts = [self.ranks[r].host for r in sel]
+            cached = best_rings(score, hosts, rings)
+            self._cache[key] = cached
+        return [list(c) for c in cached]
+
+    def ring_order(self) -> list[int]:
+        """Ring 0: ranks of one host adjacent, hosts in order, inside a host the cycle whose
+        slowest link is best (NVLink count, then PCIe level, then NUMA; measured bandwidth
+        first when links were measured)."""
+        return self.ring_orders(1)[0]
+
+
+def _best_nic_label(hosts: Sequence[Host]) -> str:
+    best: Nic | None = None
+    rank = {"infiniband": 3, "roce": 2, "ethernet": 1}
+    for h in hosts:
+        for n in h.nics:
+            key = (rank.get(n.kind, 0), n.speed_mbps or 0)
+            if best is None or key > (rank.get(best.kind, 0), best.speed_mbps or 0):
+                best = n
+    if best is None:
+        return "net"
+    short = {"infiniband": "ib", "roce": "roce", "ethernet": "eth"}.get(best.kind, "net")
+    if best.speed_mbps:
+        return f"{short} {best.speed_mbps // 1000}G" if best.speed_mbps >= 1000 else \
+            f"{short} {best.speed_mbps}M"
+    return short
+
+
+# -- plain data <-> records -----------------------------------------------------------
+
+_CPU_FIELDS = {"cpus"}
+
+
+def _to_data(obj: Any, name: str = "") -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(obj):
+            if f.name.startswith("_"):
+                continue
+            out[f.name] = _to_data(getattr(obj, f.name), f.name)
+        return out
+    if isinstance(obj, tuple):
+        if name in _CPU_FIELDS and all(isinstance(x, int) for x in obj):
+            return format_cpulist(obj)
+        return [_to_data(x) for x in obj]
+    return obj
+
+
+def _type_name(tp: Any) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(
+        tp, getattr(tp, "__name__", str(tp)))
+
+
+def _convert(tp: Any, value: Any, where: str, name: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        others = [a for a in args if a is not type(None)]
+        return _convert(others[0], value, where, name)
+    if origin is tuple:
+        if name in _CPU_FIELDS and isinstance(value, str):
+            return parse_cpulist(value)
+        if not isinstance(value, (list, tuple)):
+            raise TopologyError(f"{where}: expected a list, got {value!r}")
+        return tuple(_convert(args[0], v, f"{where}[{i}]", "") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        return _record(tp, value, where)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TopologyError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TopologyError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise TopologyError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise TopologyError(f"{where}: unsupported field type {_type_name(tp)}")
+
+
+def _record(cls: Any, data: Any, where: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise TopologyError(f"{where or 'top level'}: expected a mapping of keys, got "
+                            f"{data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        key = f"{where}.{unknown[0]}" if where else str(unknown[0])
+        raise TopologyError(f"{key}: unknown key (expected one of {', '.join(fields)})")
+    kwargs: dict[str, Any] = {}
+    for fname, f in fields.items():
+        key = f"{where}.{fname}" if where else fname
+        if fname not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise TopologyError(f"{key}: missing (required)")
+            continue
+        kwargs[fname] = _convert(hints[fname], data[fname], key, fname)
+    return cls(**kwargs)
+
+
+def _from_dict(data: Any) -> Topology:
+    if not isinstance(data, Mapping):
+        raise TopologyError(f"top level: expected a mapping with 'hosts', got {data!r}")
+    data = dict(data)
+    fmt = data.pop("format", FORMAT)
+    if fmt != FORMAT:
+        raise TopologyError(f"format: expected {FORMAT!r}, got {fmt!r}")
+    version = data.pop("version", VERSION)
+    if version != VERSION:
+        raise TopologyError(f"version: expected {VERSION}, got {version!r} (this ringtune "
+                            f"reads version {VERSION})")
+    data.pop("fingerprint", None)  # derived: recomputed from the facts
+    data.pop("summary", None)
+    if "hosts" not in data:
+        raise TopologyError("hosts: missing (required; a list with one entry per host)")
+    topo = _record(Topology, data, "")
+    _check(topo)
+    return typing.cast(Topology, topo)
+
+
+def _check(t: Topology) -> None:
+    """Cross-field checks the types alone do not catch."""
+    if not t.hosts:
+        raise TopologyError("hosts: empty (give at least one host)")
+    for hi, h in enumerate(t.hosts):
+        n = len(h.gpus)
+        for pi, p in enumerate(h.gpu_pairs):
+            if not (0 <= p.a < n and 0 <= p.b < n and p.a != p.b):
+                raise TopologyError(f"hosts[{hi}].gpu_pairs[{pi}]: GPUs {p.a},{p.b} are not "
+                                    f"two different GPUs of the {n} listed")
+            if p.level is not None and p.level not in PCIE_LEVELS:
+                raise TopologyError(f"hosts[{hi}].gpu_pairs[{pi}].level: expected one of "
+                                    f"{', '.join(PCIE_LEVELS)}, got {p.level!r}")
+        for ni, nic in enumerate(h.nics):
+            if nic.kind not in NIC_KINDS:
+                raise TopologyError(f"hosts[{hi}].nics[{ni}].kind: expected one of "
+                                    f"{', '.join(NIC_KINDS)}, got {nic.kind!r}")
+    for i, place in enumerate(t.ranks):
+        if place.rank != i:
+            raise TopologyError(f"ranks[{i}].rank: expected {i} (ranks listed in order), "
+                                f"got {place.rank}")
+        if not 0 <= place.host < len(t.hosts):
+            raise TopologyError(f"ranks[{i}].host: {place.host} is not a host index "
+                                f"0..{len(t.hosts) - 1}")
+        ngpu = len(t.hosts[place.host].gpus)
+        if place.gpu is not None and not 0 <= place.gpu < ngpu:
+            raise TopologyError(f"ranks[{i}].gpu: {place.gpu} is not a GPU of host {place.host} "
+                                f"(it lists {ngpu})")
+    if t.links is not None:
+        n = len(t.ranks)
+        for key in ("bandwidth_gbps", "latency_us"):
+            m = getattr(t.links, key)
+            if len(m) != n or any(len(row) != n for row in m):
+                raise TopologyError(f"links.{key}: expected a {n}x{n} matrix (one row and "
+                                    f"column per rank)")
