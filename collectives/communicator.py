@@ -259,6 +259,11 @@ class Communicator:
                     "algorithm they belong to"
                 )
             chosen = self.plan_for(nbytes)
+            prof_backend = getattr(self.profile, "backend", backend.name)
+            if transport is None and prof_backend != backend.name:
+                # The profile's transports were chosen for its own kind of buffer (a host
+                # profile, like the built-in one, says 'mpi'): other buffers use theirs.
+                transport = default_transport(backend)
             if transport is not None:
                 chosen = Plan(chosen.algorithm, chosen.params, transport, chosen.source,
                               chosen.rule, chosen.min_bytes, chosen.max_bytes, chosen.measured)

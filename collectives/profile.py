@@ -1,6 +1,11 @@
 """Profiles: the tuned rules (message-size range → algorithm + params) the runtime follows.
 
-``builtin_profile(world_size)`` is the heuristic used when no profile is given.
+Use ``load_profile(path, world_size)`` to read a profile file (everything is validated; the
+first problem raises ``ProfileError`` naming the file and the key path),
+``Profile.select(nbytes)`` to find the rule for a message size (O(log rules)), and
+``write_profile(profile_or_dict, path)`` to write one atomically. ``builtin_profile`` is the
+heuristic used when no profile is given. The format is DESIGN.md "Profile format"; the JSON
+Schema in ``profiles/schema/`` describes the same shape for editors and CI.
 """
 
 from __future__ import annotations
@@ -8,11 +13,37 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-from collections.abc import Mapping
+import math
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ProfileError
+
+FORMAT = "ringtune-profile"
+VERSION = 1
+
+BACKENDS = ("numpy", "cupy")
+TRANSPORT_NAMES = ("mpi", "staged", "nccl")
+PROFILE_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
+PROFILE_OPS = ("sum", "prod", "min", "max", "avg")
+
+#: Top-level keys: required ones, then optional ones. Anything else is an error (new keys
+#: need a version bump, or go under ``extra``).
+REQUIRED_KEYS = ("format", "version", "topology", "backend", "transport", "rules")
+OPTIONAL_KEYS = ("created", "tool", "dtype", "op", "tuning", "extra")
+TOPOLOGY_KEYS = ("fingerprint", "world_size", "hosts", "ranks_per_host", "summary")
+RULE_KEYS = ("min_bytes", "max_bytes", "algorithm", "params", "transport", "measured")
+MEASURED_KEYS = ("bytes", "busbw_gbps", "time_us", "native_busbw_gbps", "native_time_us",
+                 "algbw_gbps", "speedup")
+FINGERPRINT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+#: Key order of written files (people read them).
+_KEY_ORDER = ("format", "version", "created", "tool", "topology", "backend", "transport",
+              "dtype", "op", "rules", "tuning", "extra")
 
 
 @dataclass(frozen=True)
@@ -25,6 +56,19 @@ class Rule:
     params: Mapping[str, Any] = field(default_factory=dict)
     transport: str | None = None
     measured: Mapping[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "min_bytes": self.min_bytes,
+            "max_bytes": self.max_bytes,
+            "algorithm": self.algorithm,
+            "params": _plain(dict(self.params)),
+        }
+        if self.transport:
+            out["transport"] = self.transport
+        if self.measured:
+            out["measured"] = _plain(dict(self.measured))
+        return out
 
 
 @dataclass(frozen=True)
@@ -57,6 +101,29 @@ class Profile:
                           sort_keys=True, default=str)
         return hashlib.sha256(data.encode()).hexdigest()
 
+    @property
+    def topology(self) -> Mapping[str, Any]:
+        """The profile's ``topology`` record (empty for built-in defaults)."""
+        topo = self.raw.get("topology") if self.raw else None
+        return topo if isinstance(topo, Mapping) else {}
+
+    @property
+    def tuning(self) -> Mapping[str, Any]:
+        tun = self.raw.get("tuning") if self.raw else None
+        return tun if isinstance(tun, Mapping) else {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile as the plain mapping that is written to YAML."""
+        out: dict[str, Any] = dict(self.raw) if self.raw else {
+            "format": FORMAT, "version": VERSION,
+            "topology": {"world_size": self.world_size or 1},
+        }
+        if self.fingerprint and isinstance(out.get("topology"), Mapping):
+            out["topology"] = dict(out["topology"], fingerprint=self.fingerprint)
+        out.update(backend=self.backend, transport=self.transport, dtype=self.dtype,
+                   op=self.op, rules=[r.to_dict() for r in self.rules])
+        return _ordered(out)
+
 
 def builtin_profile(world_size: int) -> Profile:
     """The heuristic used without a profile: the library's allreduce for small messages
@@ -69,6 +136,326 @@ def builtin_profile(world_size: int) -> Profile:
     return Profile(rules=rules, world_size=world_size, builtin=True)
 
 
-def load_profile(path: str, world_size: int | None = None) -> Profile:
-    """Read and validate a profile file; ``ProfileError`` naming file and key otherwise."""
-    raise ProfileError(f"{path}: profile loading is not available yet")
+# -- loading -------------------------------------------------------------------------------
+
+
+def load_profile(path: str | os.PathLike[str], world_size: int | None = None) -> Profile:
+    """Read and validate a profile file; ``ProfileError`` naming file and key otherwise.
+
+    ``world_size``: the size of the world that will use it; a profile tuned for another
+    world size is rejected (its rules and ring orders were measured for that size).
+    """
+    import yaml
+
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise ProfileError(f"{name}: no such profile file; check the path, or create one "
+                           "with `ringtune tune --out FILE`") from None
+    except IsADirectoryError:
+        raise ProfileError(f"{name}: is a directory, not a profile file") from None
+    except OSError as exc:
+        raise ProfileError(f"{name}: cannot read profile: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{name}: not a text (UTF-8) file: {exc.reason} at byte "
+                           f"{exc.start}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ProfileError(f"{name}: {where}invalid YAML ({problem}); is the file "
+                           "truncated or hand-edited?") from None
+    return profile_from_dict(data, name, world_size=world_size)
+
+
+def profile_from_dict(data: Any, name: str = "<profile>",
+                      world_size: int | None = None) -> Profile:
+    """Validate a profile mapping (as parsed from YAML) and build the ``Profile``.
+
+    Errors read ``NAME: KEY.PATH: what is wrong, got VALUE``.
+    """
+    v = _Validator(name)
+    if data is None:
+        v.fail("", "the file is empty; expected a ringtune profile (format: ringtune-profile)")
+    if not isinstance(data, Mapping):
+        v.fail("", f"expected a mapping of profile keys at the top level, got "
+                   f"{type(data).__name__}")
+    v.keys(data, "", REQUIRED_KEYS, OPTIONAL_KEYS)
+    if data["format"] != FORMAT:
+        v.fail("format", f"expected {FORMAT!r}, got {data['format']!r}: not a ringtune "
+                         "profile")
+    version = data["version"]
+    if version != VERSION or isinstance(version, bool):
+        v.fail("version", f"expected {VERSION}, got {version!r}: this ringtune reads profile "
+                          f"version {VERSION} only; re-tune or upgrade ringtune")
+    if "created" in data:
+        v.string(data["created"], "created")
+    if "tool" in data:
+        tool = v.mapping(data["tool"], "tool")
+        v.keys(tool, "tool", ("name",), ("version",))
+        v.string(tool["name"], "tool.name")
+        if "version" in tool:
+            v.string(tool["version"], "tool.version")
+    topo = v.mapping(data["topology"], "topology")
+    v.keys(topo, "topology", ("world_size",), tuple(k for k in TOPOLOGY_KEYS
+                                                    if k != "world_size"))
+    ws = v.integer(topo["world_size"], "topology.world_size", 1, None)
+    fingerprint = None
+    if "fingerprint" in topo and topo["fingerprint"] is not None:
+        fp = topo["fingerprint"]
+        if not isinstance(fp, str) or not FINGERPRINT_RE.match(fp):
+            v.fail("topology.fingerprint", f"expected 'sha256:' and 64 lower-case hex digits, "
+                                           f"got {fp!r}")
+        fingerprint = fp
+    for key in ("hosts", "ranks_per_host"):
+        if key in topo:
+            v.integer(topo[key], f"topology.{key}", 1, None)
+    if "summary" in topo:
+        v.string(topo["summary"], "topology.summary")
+    if world_size is not None and ws != world_size:
+        v.fail("topology.world_size",
+               f"profile was tuned for {ws} ranks, this world has {world_size}; tune this "
+               f"world size with `ringtune tune -np {world_size}` or run with {ws} ranks")
+    backend = v.choice(data["backend"], "backend", BACKENDS)
+    transport = v.choice(data["transport"], "transport", TRANSPORT_NAMES)
+    dtype = v.choice(data.get("dtype", "float32"), "dtype", PROFILE_DTYPES)
+    op = v.choice(data.get("op", "sum"), "op", PROFILE_OPS)
+    rules = _rules(v, data["rules"], ws)
+    if "tuning" in data:
+        v.mapping(data["tuning"], "tuning")
+    if "extra" in data and data["extra"] is not None:
+        v.mapping(data["extra"], "extra")
+    return Profile(rules=rules, backend=backend, transport=transport, dtype=dtype, op=op,
+                   fingerprint=fingerprint, world_size=ws, path=name,
+                   raw=_plain(dict(data)), builtin=False)
+
+
+def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
+    from .algorithms import algorithm_names, get_algorithm
+
+    if not isinstance(value, list):
+        v.fail("rules", f"expected a list of rules, got {type(value).__name__}")
+    if not value:
+        v.fail("rules", "expected at least one rule (min_bytes: 0, max_bytes: null covers "
+                        "every size)")
+    out: list[Rule] = []
+    prev_max: int | None = -1
+    for i, item in enumerate(value):
+        where = f"rules[{i}]"
+        rule = v.mapping(item, where)
+        v.keys(rule, where, ("min_bytes", "max_bytes", "algorithm"),
+               ("params", "transport", "measured"))
+        lo = v.integer(rule["min_bytes"], f"{where}.min_bytes", 0, None)
+        hi_raw = rule["max_bytes"]
+        hi = None if hi_raw is None else v.integer(hi_raw, f"{where}.max_bytes", lo, None)
+        if i == 0 and lo != 0:
+            v.fail(f"{where}.min_bytes", f"the first rule must start at 0, got {lo}: sizes "
+                                         f"0..{lo - 1} would have no rule")
+        if i > 0:
+            if prev_max is None:
+                v.fail(f"rules[{i - 1}].max_bytes", "null (no upper end) is only allowed in "
+                       "the last rule: the rules after it could never be selected")
+            elif lo <= prev_max:
+                v.fail(f"{where}.min_bytes", f"{lo} overlaps rules[{i - 1}] (which ends at "
+                       f"{prev_max}); rules must be sorted and non-overlapping")
+            elif lo != prev_max + 1:
+                v.fail(f"{where}.min_bytes", f"{lo} leaves a gap after rules[{i - 1}] (which "
+                       f"ends at {prev_max}): sizes {prev_max + 1}..{lo - 1} would have no "
+                       f"rule; start at {prev_max + 1}")
+        prev_max = hi
+        algo = rule["algorithm"]
+        if not isinstance(algo, str) or algo not in algorithm_names():
+            v.fail(f"{where}.algorithm", f"unknown algorithm {algo!r}: use one of "
+                                         f"{', '.join(algorithm_names())}")
+        params = dict(v.mapping(rule.get("params", {}) or {}, f"{where}.params"))
+        rtrans = rule.get("transport")
+        if "transport" in params:
+            # A rule may name its transport inside params too (DESIGN.md); one place only.
+            if rtrans is not None and rtrans != params["transport"]:
+                v.fail(f"{where}.params.transport", f"{params['transport']!r} contradicts "
+                       f"{where}.transport {rtrans!r}; give the transport once")
+            rtrans = params.pop("transport")
+        if rtrans is not None:
+            v.choice(rtrans, f"{where}.transport", TRANSPORT_NAMES)
+        try:
+            checked = get_algorithm(algo).check_params(params, world_size)
+        except ValueError as exc:
+            msg = str(exc)
+            head = msg.split(":", 1)[0]
+            if head in params or head.split("[", 1)[0] in params:
+                v.fail(f"{where}.params.{head}", msg.split(":", 1)[1].strip())
+            v.fail(f"{where}.params", msg)
+        measured = None
+        if rule.get("measured") is not None:
+            m = v.mapping(rule["measured"], f"{where}.measured")
+            for key, val in m.items():
+                if key not in MEASURED_KEYS:
+                    v.fail(f"{where}.measured.{key}", f"unknown key; expected some of "
+                           f"{', '.join(MEASURED_KEYS)}")
+                if val is not None and (isinstance(val, bool) or not isinstance(
+                        val, (int, float)) or not math.isfinite(val) or val < 0):
+                    v.fail(f"{where}.measured.{key}", f"expected a number ≥ 0, got {val!r}")
+            measured = dict(m)
+        # Keep the params as written (defaults are filled at plan time), but validated.
+        del checked
+        out.append(Rule(lo, hi, algo, params, rtrans, measured))
+    if prev_max is not None:
+        v.fail(f"rules[{len(value) - 1}].max_bytes", f"the last rule must have max_bytes: "
+               f"null (no upper end), got {prev_max}: larger messages would have no rule")
+    return tuple(out)
+
+
+class _Validator:
+    """Raises ``ProfileError`` as ``file: key.path: message``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def fail(self, key: str, message: str) -> Any:
+        raise ProfileError(f"{self.name}: {key}: {message}" if key
+                           else f"{self.name}: {message}")
+
+    def keys(self, data: Mapping[str, Any], where: str, required: Sequence[str],
+             optional: Sequence[str]) -> None:
+        prefix = f"{where}." if where else ""
+        for key in data:
+            if key not in required and key not in optional:
+                allowed = ", ".join([*required, *optional])
+                self.fail(f"{prefix}{key}", f"unknown key (allowed here: {allowed}); new keys "
+                          "need a new profile version or go under 'extra'")
+        for key in required:
+            if key not in data:
+                self.fail(f"{prefix}{key}", "missing (required)")
+
+    def mapping(self, value: Any, key: str) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            self.fail(key, f"expected a mapping, got {_show(value)}")
+        for k in value:
+            if not isinstance(k, str):
+                self.fail(key, f"keys must be strings, got {k!r}")
+        return value
+
+    def string(self, value: Any, key: str) -> str:
+        if not isinstance(value, str):
+            self.fail(key, f"expected a string, got {_show(value)}")
+        return value
+
+    def integer(self, value: Any, key: str, lo: int, hi: int | None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo or (
+                hi is not None and value > hi):
+            rng = f"{lo}..{hi}" if hi is not None else f"≥ {lo}"
+            self.fail(key, f"expected an integer {rng}, got {_show(value)}")
+        return value
+
+    def choice(self, value: Any, key: str, choices: Sequence[str]) -> str:
+        if value not in choices or not isinstance(value, str):
+            self.fail(key, f"expected one of {', '.join(choices)}, got {_show(value)}")
+        return value
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (Mapping, list)):
+        return type(value).__name__
+    return repr(value)
+
+
+def _plain(obj: Any) -> Any:
+    """Plain YAML/JSON types (tuples → lists, numpy scalars → Python numbers)."""
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(x) for x in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        return obj.item()
+    return obj
+
+
+def _ordered(data: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: data[k] for k in _KEY_ORDER if k in data}
+    out.update((k, v) for k, v in data.items() if k not in out)
+    return out
+
+
+# -- writing -------------------------------------------------------------------------------
+
+
+def dump_profile(profile_or_dict: Profile | Mapping[str, Any]) -> str:
+    """The profile as YAML text (validated first: a bad profile is never written)."""
+    import yaml
+
+    data = (profile_or_dict.to_dict() if isinstance(profile_or_dict, Profile)
+            else _ordered(_plain(dict(profile_or_dict))))
+    profile_from_dict(data, "<profile being written>")
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=99,
+                          allow_unicode=True)
+
+
+def write_profile(profile_or_dict: Profile | Mapping[str, Any],
+                  path: str | os.PathLike[str]) -> str:
+    """Validate and write a profile atomically (temporary file in the same folder, fsync,
+    rename): an interrupted write never leaves a half profile. Returns the path.
+
+    ``ProfileError`` naming the path when the folder cannot be written.
+    """
+    name = os.fspath(path)
+    text = dump_profile(profile_or_dict)
+    folder = os.path.dirname(os.path.abspath(name))
+    if os.path.isdir(name):
+        raise ProfileError(f"{name}: is a directory; give a profile file name such as "
+                           f"{os.path.join(name, 'local.yaml')}")
+    if not os.path.isdir(folder):
+        raise ProfileError(f"{name}: cannot write profile: folder {folder} does not exist; "
+                           "create it or choose another --out")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(name)}.", suffix=".tmp",
+                                   dir=folder)
+    except OSError as exc:
+        raise ProfileError(f"{name}: cannot write profile: {exc.strerror or exc} (folder "
+                           f"{folder}); choose a writable --out") from None
+    try:
+        # mkstemp creates the file 0600; a profile is meant to be shared like any file.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, name)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise ProfileError(f"{name}: cannot write profile: {exc.strerror or exc}") from None
+    try:
+        # The rename itself is durable only once the folder is synced.
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+    return name
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Fail early (``ProfileError``) when ``path`` could not be written later: used by
+    ``ringtune tune`` before spending minutes on a search."""
+    name = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(name))
+    if os.path.isdir(name):
+        raise ProfileError(f"{name}: is a directory; give a profile file name such as "
+                           f"{os.path.join(name, 'local.yaml')}")
+    if not os.path.isdir(folder):
+        raise ProfileError(f"{name}: cannot write profile: folder {folder} does not exist; "
+                           "create it or choose another --out")
+    if not os.access(folder, os.W_OK | os.X_OK) or (
+            os.path.exists(name) and not os.access(name, os.W_OK)):
+        raise ProfileError(f"{name}: cannot write profile: permission denied (folder "
+                           f"{folder}); choose a writable --out")

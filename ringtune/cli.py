@@ -65,7 +65,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         report_error("interrupted", rank=launch_rank())
         return 130
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line + code
-        return report_error(exc, rank=launch_rank())
+        code = report_error(exc, rank=launch_rank())
+        if code != 2:
+            _abort_world(code)
+        return code
+
+
+def _abort_world(code: int) -> None:
+    """A runtime failure may strike one rank while the others wait in a collective: end
+    them all (as ``python -m mpi4py`` would). Bad input (exit 2) is detected on every rank
+    before any communication, so those ranks simply exit together without the abort."""
+    mpi_mod = sys.modules.get("mpi4py.MPI")
+    if mpi_mod is None:
+        return
+    MPI = mpi_mod
+    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(code)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Running under mpiexec: detect it, and launch ourselves under it when started without.
 
 ``ringtune bench`` and ``ringtune tune`` started from a plain shell re-run themselves as
-``mpiexec -n N python -m mpi4py -m ringtune.cli …`` (``-m mpi4py`` so that an uncaught
-exception on one rank aborts all instead of hanging). The mpiexec is the one the installed
+``mpiexec -n N python -m ringtune.cli …``; a runtime failure on one rank aborts all
+(``ringtune.cli._abort_world``) instead of leaving the others hanging. The mpiexec is the one the installed
 MPI provides: next to the Python executable (the ``mpich`` wheel in a virtual
 environment), else on ``PATH``; ``$RINGTUNE_MPIEXEC`` overrides.
 """
@@ -88,8 +88,9 @@ def default_ranks() -> int:
 def relaunch(argv: Sequence[str], ranks: int | None = None) -> int:
     """Run ``ringtune argv…`` under mpiexec with ``ranks`` ranks; returns its exit code."""
     n = ranks or default_ranks()
-    cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m",
-           "ringtune.cli", *argv]
+    # Not `python -m mpi4py`: that turns every non-zero exit into MPI_Abort and a second
+    # stderr line; ringtune.cli aborts the world itself on runtime failures.
+    cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "ringtune.cli", *argv]
     env = dict(os.environ, RINGTUNE_LAUNCHED="1")
     try:
         return subprocess.call(cmd, env=env)

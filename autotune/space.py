@@ -1,0 +1,174 @@
+"""The search space of the tuner: which algorithms and parameters a bucket may try.
+
+Use ``suggest(trial, world_size, nbytes, algorithms)`` inside an Optuna trial (define-by-run:
+the algorithm is chosen first, then that algorithm's own ``search_space`` suggests its
+parameters), ``enumerate_space`` to list every configuration of a discrete space (the grid
+sampler and the search-efficiency benchmark), and ``config_key`` to compare
+configurations. A configuration is ``(algorithm, params)`` with ``params`` as the
+algorithm's ``check_params`` accepts them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from collectives.algorithms import algorithm_names, get_algorithm
+from collectives.algorithms.base import Algorithm
+
+#: Name of the top-level Optuna parameter that picks the algorithm.
+ALGORITHM_PARAM = "algorithm"
+
+#: Algorithms that are never searched unless asked for by name (``--algorithms``).
+TEST_ONLY = ("sleep",)
+
+Config = tuple[str, dict[str, Any]]
+
+
+def searchable(names: Sequence[str] | None = None) -> list[str]:
+    """The algorithms to search: ``names`` (checked against the registry) or every
+    registered algorithm except test-only ones. ``ValueError`` naming an unknown one."""
+    known = algorithm_names()
+    if not names:
+        return [n for n in known if n not in TEST_ONLY]
+    out = []
+    for n in names:
+        if n not in known:
+            raise ValueError(f"--algorithms: unknown algorithm {n!r}; use some of "
+                             f"{', '.join(known)}")
+        if n not in out:
+            out.append(n)
+    return out
+
+
+class _StableNames:
+    """Wraps an Optuna trial so that a categorical parameter whose choices depend on other
+    parameters (``chunk_bytes`` choices that depend on ``rings``) gets one Optuna name per
+    choice list: Optuna refuses a categorical whose value space changes between trials."""
+
+    def __init__(self, trial: Any) -> None:
+        self._trial = trial
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        choices = list(choices)
+        tag = hashlib.sha1(json.dumps(choices, default=str).encode()).hexdigest()[:6]
+        return self._trial.suggest_categorical(f"{name}[{tag}]", choices)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._trial, attr)
+
+
+def suggest(trial: Any, world_size: int, nbytes: int, algorithms: Sequence[str]) -> Config:
+    """Ask ``trial`` for one configuration (define-by-run, conditional on the algorithm)."""
+    algo = trial.suggest_categorical(ALGORITHM_PARAM, list(algorithms))
+    cls: type[Algorithm] = get_algorithm(algo)
+    if world_size == 1:
+        # Every algorithm is a no-op on one rank: parameters cannot matter.
+        return algo, {}
+    return algo, dict(cls.search_space(_StableNames(trial), world_size, nbytes))
+
+
+def config_key(algorithm: str, params: Mapping[str, Any]) -> str:
+    """A canonical string for a configuration (equal configurations, equal keys)."""
+    return json.dumps([algorithm, dict(params)], sort_keys=True, default=str)
+
+
+def describe(algorithm: str, params: Mapping[str, Any]) -> str:
+    """``multiring rings=2 chunk_bytes=1048576`` for people."""
+    if not params:
+        return algorithm
+    return algorithm + " " + " ".join(f"{k}={_short(v)}" for k, v in params.items())
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, list):
+        return "x".join(map(str, v)) if all(isinstance(x, int) for x in v) else ",".join(
+            map(str, v))
+    return str(v)
+
+
+class _Branch(Exception):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+class _EnumeratingTrial:
+    """A stand-in for ``optuna.Trial`` that replays a prefix of choices and stops at the
+    first new suggestion, reporting how many options it has (depth-first enumeration)."""
+
+    def __init__(self, path: list[int]) -> None:
+        self.path = path
+        self.pos = 0
+        self.params: dict[str, Any] = {}
+
+    def _pick(self, name: str, options: list[Any]) -> Any:
+        if not options:
+            raise ValueError(f"search space parameter {name!r} has no options")
+        if self.pos >= len(self.path):
+            raise _Branch(len(options))
+        value = options[self.path[self.pos]]
+        self.pos += 1
+        self.params[name] = value
+        return value
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        return self._pick(name, list(choices))
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1,
+                    log: bool = False) -> int:
+        return int(self._pick(name, list(range(low, high + 1, step))))
+
+    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None,
+                      log: bool = False) -> float:
+        if step is None:
+            raise ValueError(f"search space parameter {name!r} is continuous; the grid "
+                             "sampler needs discrete parameters (use --sampler tpe)")
+        n = int(round((high - low) / step))
+        return float(self._pick(name, [low + i * step for i in range(n + 1)]))
+
+
+def enumerate_space(world_size: int, nbytes: int,
+                    algorithms: Sequence[str]) -> list[tuple[dict[str, Any], Config]]:
+    """Every configuration of the space: a list of (Optuna trial params, configuration),
+    duplicates (different trial params, same configuration) removed."""
+    out: list[tuple[dict[str, Any], Config]] = []
+    seen: set[str] = set()
+    stack: list[list[int]] = [[]]
+    while stack:
+        path = stack.pop()
+        trial = _EnumeratingTrial(path)
+        try:
+            cfg = suggest(trial, world_size, nbytes, algorithms)
+        except _Branch as br:
+            stack.extend(path + [i] for i in reversed(range(br.n)))
+            continue
+        key = config_key(*cfg)
+        if key not in seen:
+            seen.add(key)
+            out.append((trial.params, cfg))
+    return out
+
+
+def normalise(algorithm: str, params: Mapping[str, Any], world_size: int) -> dict[str, Any]:
+    """The parameters as the algorithm fills them in (defaults made explicit), for
+    comparing a hand-made guess with the configurations of the space."""
+    return get_algorithm(algorithm).check_params(dict(params), world_size)
+
+
+def trial_params_for(guess: Config, space: Sequence[tuple[dict[str, Any], Config]],
+                     world_size: int) -> dict[str, Any] | None:
+    """The Optuna trial params of the space's configuration equal to ``guess`` (after
+    filling in defaults), or ``None`` when the guess is outside the space."""
+    try:
+        want = config_key(guess[0], normalise(guess[0], guess[1], world_size))
+    except ValueError:
+        return None
+    for tparams, (algo, params) in space:
+        try:
+            if config_key(algo, normalise(algo, params, world_size)) == want:
+                return tparams
+        except ValueError:
+            continue
+    return None

@@ -1,0 +1,153 @@
+"""Tune this machine: search allreduce configurations per message size, write a profile.
+
+Started without mpiexec it launches itself on this machine's local ranks (one per GPU when
+there are at least two, else max(2, CPU cores), at most 8; -np overrides). Rerunning the
+same command resumes from the Optuna storage (default: SQLite next to --out): finished
+buckets are not searched again; --fresh starts over.
+
+examples:
+  ringtune tune --out profiles/local.yaml
+  ringtune tune -np 4 --min-bytes 64K --max-bytes 16M --trials 20 --report report/
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from ..errors import CommandFailed, UsageError
+
+if TYPE_CHECKING:
+    from autotune.study import TuneOptions
+
+HELP = "tune allreduce on this machine and write a profile"
+
+DEFAULT_OUT = "ringtune-profile.yaml"
+DEFAULT_TRIALS = 30
+DEFAULT_BUDGET_S = 200.0
+DEFAULT_TRIAL_TIMEOUT_S = 120.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="FILE",
+                   help=f"profile to write (default: {DEFAULT_OUT})")
+    p.add_argument("--min-bytes", default="1K", metavar="SIZE",
+                   help="smallest bucket (default 1K; K/M/G suffixes)")
+    p.add_argument("--max-bytes", default="64M", metavar="SIZE",
+                   help="largest bucket (default 64M)")
+    p.add_argument("--buckets", default=None, metavar="LIST",
+                   help="comma-separated bucket sizes instead of powers of 4 from --min-bytes "
+                        "to --max-bytes")
+    p.add_argument("--trials", type=int, default=DEFAULT_TRIALS, metavar="N",
+                   help=f"candidates measured per bucket at most (default {DEFAULT_TRIALS})")
+    p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS",
+                   help=f"wall-clock budget of the whole run (default {DEFAULT_BUDGET_S:g})")
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna storage URL (default: sqlite:///<out dir>/<out stem>.db)")
+    p.add_argument("--study", default=None, metavar="NAME",
+                   help="prefix of the study names (default: from the topology fingerprint)")
+    p.add_argument("--sampler", default="tpe", choices=("tpe", "random", "grid"),
+                   help="tpe (default), random, or grid (every configuration)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.add_argument("--trial-timeout", type=float, default=DEFAULT_TRIAL_TIMEOUT_S,
+                   metavar="S", help="abort the job when one candidate runs longer "
+                   f"(recorded FAIL, never retried; default {DEFAULT_TRIAL_TIMEOUT_S:g}, "
+                   "0 = off)")
+    p.add_argument("--margin", type=float, default=0.03,
+                   help="a non-native choice must beat native by this fraction (default 0.03)")
+    p.add_argument("--algorithms", default=None, metavar="LIST",
+                   help="comma-separated algorithms to search (default: all registered)")
+    p.add_argument("--dtype", default="float32", help="element type tuned (default float32)")
+    p.add_argument("--op", default="sum", help="reduction op tuned (default sum)")
+    p.add_argument("--report", default=None, metavar="DIR",
+                   help="also write DIR/busbw.png and DIR/report.md")
+    p.add_argument("--fresh", action="store_true",
+                   help="delete this run's studies from the storage and start over")
+    p.add_argument("--no-progress", action="store_true", help="no progress display")
+    p.add_argument("-np", dest="np", type=int, default=None, metavar="N",
+                   help="ranks to launch when started without mpiexec")
+
+
+def _options(args: argparse.Namespace) -> TuneOptions:
+    """Validate the flags (before any MPI start-up, so errors print once)."""
+    from autotune.study import TuneOptions, power_of_4_buckets
+    from collectives.bench import parse_size
+    from collectives.ops import DTYPES, OPS
+    from collectives.profile import check_writable
+
+    try:
+        if args.buckets:
+            buckets = sorted({parse_size(x) for x in args.buckets.split(",") if x.strip()})
+            if not buckets or buckets[0] < 1:
+                raise ValueError(f"--buckets {args.buckets!r}: give sizes ≥ 1 byte")
+        else:
+            buckets = power_of_4_buckets(parse_size(args.min_bytes), parse_size(args.max_bytes))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.trials < 1:
+        raise UsageError(f"--trials must be at least 1, got {args.trials}")
+    if args.budget <= 0:
+        raise UsageError(f"--budget must be positive, got {args.budget:g}")
+    if not 0 <= args.margin < 1:
+        raise UsageError(f"--margin must be in [0, 1), got {args.margin:g}")
+    if args.dtype not in DTYPES:
+        raise UsageError(f"--dtype {args.dtype!r}: use one of {', '.join(DTYPES)}")
+    if args.op not in OPS:
+        raise UsageError(f"--op {args.op!r}: use one of {', '.join(OPS)}")
+    check_writable(args.out)
+    if args.report and os.path.exists(args.report) and not os.path.isdir(args.report):
+        raise UsageError(f"--report {args.report}: exists and is not a folder")
+    algorithms = [a.strip() for a in args.algorithms.split(",")] if args.algorithms else None
+    if algorithms:
+        from autotune.space import searchable
+
+        try:
+            searchable(algorithms)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return TuneOptions(out=args.out, buckets=buckets, trials=args.trials,
+                       budget_s=args.budget, storage=args.storage, study=args.study,
+                       sampler=args.sampler, seed=args.seed,
+                       trial_timeout_s=args.trial_timeout or None, margin=args.margin,
+                       algorithms=algorithms, dtype=args.dtype, op=args.op, fresh=args.fresh,
+                       report=args.report, progress=not args.no_progress)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..launch import relaunch, under_mpiexec
+
+    opts = _options(args)
+    if not under_mpiexec() and not os.environ.get("RINGTUNE_LAUNCHED"):
+        return relaunch(getattr(args, "_argv", sys.argv[1:]), args.np)
+
+    from mpi4py import MPI
+
+    from autotune.report import profile_heading, rule_table, write_report
+    from autotune.study import TuneError, tune
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    if rank == 0:
+        print(f"ringtune tune: {comm.Get_size()} ranks, {len(opts.buckets)} bucket(s) "
+              f"({opts.buckets[0]}..{opts.buckets[-1]} B), up to {opts.trials} trials "
+              f"each, budget {opts.budget_s:g} s, sampler {opts.sampler}",
+              flush=True)
+    try:
+        result = tune(comm, opts)
+    except TuneError as exc:
+        if exc.usage:
+            raise UsageError(str(exc)) from None
+        raise CommandFailed(str(exc)) from None
+    if rank == 0:
+        print()
+        print(profile_heading(result.profile, result.path))
+        print(rule_table(result.profile))
+        print(f"wrote {result.path} in {result.seconds:.0f} s "
+              f"(storage {result.profile['tuning']['storage']})")
+        if opts.report:
+            paths = write_report(opts.report, result)
+            print("report: " + ", ".join(paths))
+    comm.Barrier()
+    return 0

@@ -1,0 +1,72 @@
+"""Validate a profile: format, version, keys, types, ranges, rule coverage, algorithm
+names and parameters. With --against-topology (under mpiexec, or on this machine's default
+ranks) also check that its topology fingerprint matches this world.
+
+Exit code 0 when valid, 2 with one line naming the file and the key otherwise.
+
+examples:
+  ringtune validate profiles/local.yaml
+  mpiexec -n 2 ringtune validate profiles/local.yaml --against-topology
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..errors import UsageError
+
+HELP = "check a profile file (and optionally its fingerprint against this machine)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("profile", metavar="PROFILE", help="profile file (YAML)")
+    p.add_argument("--against-topology", action="store_true",
+                   help="also compare its topology fingerprint and world size with this "
+                        "world (launches itself under mpiexec with the profile's world size)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from collectives.errors import ProfileError
+    from collectives.profile import load_profile
+
+    try:
+        prof = load_profile(args.profile)
+    except ProfileError as exc:
+        raise UsageError(str(exc)) from None
+    if not args.against_topology:
+        print(f"{args.profile}: valid ringtune profile (version 1, {len(prof.rules)} rules, "
+              f"world size {prof.world_size})")
+        return 0
+
+    from ..launch import launch_rank, relaunch, under_mpiexec
+
+    if not under_mpiexec() and not os.environ.get("RINGTUNE_LAUNCHED"):
+        # Compare against a world of the size the profile was tuned for.
+        return relaunch(getattr(args, "_argv", sys.argv[1:]), prof.world_size)
+
+    from mpi4py import MPI
+
+    from autotune.study import world_identity
+
+    comm = MPI.COMM_WORLD
+    here = world_identity(comm)
+    rank = launch_rank()
+    problem = None
+    if prof.world_size != comm.Get_size():
+        problem = (f"{args.profile}: topology.world_size: profile was tuned for "
+                   f"{prof.world_size} ranks, this world has {comm.Get_size()}")
+    elif prof.fingerprint and prof.fingerprint != here["fingerprint"]:
+        problem = (f"{args.profile}: topology.fingerprint: {prof.fingerprint} does not match "
+                   f"this world's {here['fingerprint']} ({here['summary']}); re-tune here "
+                   "with `ringtune tune`")
+    elif not prof.fingerprint:
+        problem = (f"{args.profile}: topology.fingerprint: missing, so it cannot be "
+                   "compared with this world")
+    if problem:
+        raise UsageError(problem)
+    if rank == 0:
+        print(f"{args.profile}: valid, and its topology fingerprint matches this world "
+              f"({here['summary']}, {comm.Get_size()} ranks)")
+    return 0

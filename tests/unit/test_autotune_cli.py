@@ -1,0 +1,260 @@
+"""``ringtune tune`` end to end through its launcher (``mpiexec -n 2`` in a subprocess): the
+profile it writes, resuming, SIGINT, SIGKILL of a rank, a hanging candidate, bad input.
+
+Slow candidates come from the test-only ``sleep`` algorithm (``RINGTUNE_TEST_ALGORITHMS=1``,
+which sleeps ``$RINGTUNE_TEST_SLEEP`` seconds while its plan is built), so runs can be
+interrupted midway and a hang can be provoked on purpose. Each test asserts correctness
+(files, storage contents, exit codes, messages), never timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import yaml
+
+from collectives.profile import load_profile
+
+RINGTUNE = [sys.executable, "-m", "ringtune.cli"]
+SLOW = ["--algorithms", "native,sleep", "--sampler", "grid", "--no-progress"]
+BUCKETS = ["--buckets", "1K,4K,16K"]
+
+
+def _env(sleep: str = "0.3,0.4,0.5,0.6") -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_"))}
+    env.pop("RINGTUNE_LAUNCHED", None)
+    env.update(RINGTUNE_TEST_ALGORITHMS="1", RINGTUNE_TEST_SLEEP=sleep)
+    return env
+
+
+def _tune(out: str, *extra: str, sleep: str = "0.3,0.4,0.5,0.6",
+          timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*RINGTUNE, "tune", "--out", out, "-np", "2", *extra],
+                          env=_env(sleep), capture_output=True, text=True, timeout=timeout)
+
+
+def _start(out: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([*RINGTUNE, "tune", "--out", out, "-np", "2", *extra],
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def _trials(db: str) -> list[tuple[str, int, str, str | None]]:
+    """(study, number, state, key) of every trial in the SQLite storage."""
+    if not os.path.exists(db):
+        return []
+    con = sqlite3.connect(db, timeout=10)
+    try:
+        rows = con.execute(
+            "SELECT s.study_name, t.number, t.state, "
+            "(SELECT value_json FROM trial_user_attributes a "
+            " WHERE a.trial_id = t.trial_id AND a.key = 'config') "
+            "FROM trials t JOIN studies s ON s.study_id = t.study_id").fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        con.close()
+    return [(s, n, st, json.loads(c)["key"] if c else None) for s, n, st, c in rows]
+
+
+def _complete(db: str) -> set[tuple[str, int, str | None]]:
+    return {(s, n, k) for s, n, st, k in _trials(db) if st == "COMPLETE"}
+
+
+def _wait_for_complete(db: str, proc: subprocess.Popen[str], count: int,
+                       limit: float = 60) -> None:
+    end = time.monotonic() + limit
+    while time.monotonic() < end and proc.poll() is None:
+        if len(_complete(db)) >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {count} finished trials in {db} before the run ended")
+
+
+def _form(profile: dict[str, Any]) -> tuple[Any, ...]:
+    """What two runs of the same command must share (choices may differ by noise)."""
+    return (sorted(profile), sorted(profile["topology"]), sorted(profile["tuning"]),
+            profile["tuning"]["buckets"], profile["rules"][0]["min_bytes"],
+            profile["rules"][-1]["max_bytes"], profile["topology"]["world_size"])
+
+
+def _assert_clean_profile(folder: Any, name: str = "p.yaml") -> dict[str, Any]:
+    """The profile validates (in a process that knows the test-only ``sleep`` algorithm,
+    which a noisy A/B may adopt: it runs native once its plan is built)."""
+    assert not [f for f in os.listdir(folder) if f.endswith(".tmp")]
+    path = str(folder / name)
+    res = subprocess.run([*RINGTUNE, "validate", path], env=_env(), capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    with open(path) as fh:
+        data: dict[str, Any] = yaml.safe_load(fh)
+    assert data["topology"]["world_size"] == 2
+    if all(r["algorithm"] != "sleep" for r in data["rules"]):
+        load_profile(path, world_size=2)
+    return data
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: Any) -> dict[str, Any]:
+    """An uninterrupted run of the command the fault tests interrupt."""
+    d = tmp_path_factory.mktemp("reference")
+    res = _tune(str(d / "p.yaml"), *BUCKETS, *SLOW)
+    assert res.returncode == 0, res.stderr
+    return _assert_clean_profile(d)
+
+
+def test_tune_writes_a_valid_profile_and_rerun_does_not_redo(tmp_path: Any) -> None:
+    out = str(tmp_path / "p.yaml")
+    res = _tune(out, "--buckets", "1K,64K", "--trials", "4", "--algorithms",
+                "native,rhd,multiring", "--report", str(tmp_path / "rep"), "--no-progress")
+    assert res.returncode == 0, res.stderr
+    prof = _assert_clean_profile(tmp_path)
+    assert prof["tuning"]["buckets"] == [1024, 65536]
+    assert "speed-up" in res.stdout and "wrote " + out in res.stdout
+    assert os.path.exists(tmp_path / "rep" / "busbw.png")
+    db = str(tmp_path / "p.db")
+    before = _trials(db)
+    assert sum(1 for t in before if t[2] == "COMPLETE") >= 2
+    again = _tune(out, "--buckets", "1K,64K", "--trials", "4", "--algorithms",
+                  "native,rhd,multiring")
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("not redone") == 2
+    assert _trials(db) == before
+    _assert_clean_profile(tmp_path)
+    # --fresh starts over: the studies are recreated.
+    fresh = _tune(out, "--buckets", "1K", "--trials", "2", "--algorithms", "native,rhd",
+                  "--fresh")
+    assert fresh.returncode == 0, fresh.stderr
+    assert "not redone" not in fresh.stderr
+
+
+def test_sigint_midway_then_resume(tmp_path: Any, reference: dict[str, Any]) -> None:
+    out, db = str(tmp_path / "p.yaml"), str(tmp_path / "p.db")
+    proc = _start(out, *BUCKETS, *SLOW)
+    _wait_for_complete(db, proc, 3)
+    os.killpg(proc.pid, signal.SIGINT)
+    text, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0, text
+    assert not os.path.exists(out), "an interrupted run must not leave a profile"
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+    done = _complete(db)
+    assert len(done) >= 3
+    res = _tune(out, *BUCKETS, *SLOW)
+    assert res.returncode == 0, res.stderr
+    assert done <= _complete(db), "a finished trial was lost"
+    assert _form(_assert_clean_profile(tmp_path)) == _form(reference)
+
+
+def test_sigkill_of_a_rank_then_resume(tmp_path: Any, reference: dict[str, Any]) -> None:
+    out, db = str(tmp_path / "p.yaml"), str(tmp_path / "p.db")
+    proc = _start(out, *BUCKETS, *SLOW)
+    _wait_for_complete(db, proc, 3)
+    victim = _rank_pid(out, rank=1)
+    os.kill(victim, signal.SIGKILL)
+    try:
+        proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode != 0
+    assert not os.path.exists(out)
+    done = _complete(db)
+    res = _tune(out, *BUCKETS, *SLOW)
+    assert res.returncode == 0, res.stderr
+    assert done <= _complete(db), "a finished trial was lost"
+    assert _form(_assert_clean_profile(tmp_path)) == _form(reference)
+    # Nothing is left RUNNING, and every configuration of the grid ended up measured:
+    # the trial in flight was lost, then queued again.
+    assert not [t for t in _trials(db) if t[2] == "RUNNING"]
+    # (PRUNED counts as measured: a noisy machine can make a candidate look 2x slower.)
+    keys = {(s, k) for s, _, st, k in _trials(db) if st in ("COMPLETE", "PRUNED")}
+    assert len(keys) == 3 * 5
+
+
+def _rank_pid(out: str, rank: int) -> int:
+    """The pid of the MPI process of ``rank`` in the run writing ``out``."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if out.encode() in cmd and b"ringtune.cli" in cmd and f"PMI_RANK={rank}".encode() in env:
+            return int(pid)
+    raise AssertionError(f"no rank {rank} process found for {out}")
+
+
+def test_hanging_candidate_is_recorded_and_never_retried(tmp_path: Any) -> None:
+    out, db = str(tmp_path / "p.yaml"), str(tmp_path / "p.db")
+    args = ["--buckets", "4K", "--trial-timeout", "3", *SLOW]
+    res = _tune(out, *args, sleep="3600", timeout=90)
+    assert res.returncode != 0
+    assert "exceeded --trial-timeout 3 s" in res.stderr
+    assert "sleep seconds=3600.0" in res.stderr
+    assert not os.path.exists(out)
+    failed = [t for t in _trials(db) if t[2] == "FAIL"]
+    assert len(failed) == 1 and failed[0][3] is not None and "sleep" in failed[0][3]
+    again = _tune(out, *args, sleep="3600", timeout=90)
+    assert again.returncode == 0, again.stderr
+    prof = _assert_clean_profile(tmp_path)
+    assert prof["rules"][0]["algorithm"] == "native"
+    # The hanging configuration ran once only.
+    assert [t for t in _trials(db) if t[3] == failed[0][3]] == failed
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--out", "/proc/version/p.yaml"], "/proc/version/p.yaml: cannot write profile"),
+    (["--min-bytes", "64M", "--max-bytes", "1K"], "--min-bytes"),
+    (["--algorithms", "native,warp"], "unknown algorithm 'warp'"),
+    (["--trials", "0"], "--trials"),
+    (["--sampler", "cmaes"], "--sampler"),
+])
+def test_bad_tune_arguments_exit_2(args: list[str], needle: str) -> None:
+    res = subprocess.run([*RINGTUNE, "tune", *args], env=_env(), capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], res.stderr
+
+
+def test_bad_storage_is_reported_once_by_rank_0(tmp_path: Any) -> None:
+    res = _tune(str(tmp_path / "p.yaml"), "--buckets", "1K", "--storage", "nosuchdb://x",
+                "--no-progress")
+    assert res.returncode == 2, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("ringtune: error:")]
+    assert len(errors) == 1 and "--storage nosuchdb://x" in errors[0]
+
+
+def test_show_and_validate_a_tuned_profile(tmp_path: Any, reference: dict[str, Any]) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(reference, sort_keys=False))
+    show = subprocess.run([*RINGTUNE, "show", str(path)], env=_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert show.returncode == 0 and "speed-up" in show.stdout
+    val = subprocess.run([*RINGTUNE, "validate", str(path), "--against-topology"],
+                         env=_env(), capture_output=True, text=True, timeout=60)
+    assert val.returncode == 0, val.stderr
+    assert "matches this world" in val.stdout
+    other = dict(reference, topology=dict(reference["topology"],
+                                          fingerprint="sha256:" + "0" * 64))
+    path.write_text(yaml.safe_dump(other, sort_keys=False))
+    bad = subprocess.run([*RINGTUNE, "validate", str(path), "--against-topology"],
+                         env=_env(), capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    # One error line, from rank 0 only (mpi4py's launcher may add its own "Abort(2)" note).
+    lines = [ln for ln in bad.stderr.splitlines() if ln.startswith("ringtune: error:")]
+    assert len(lines) == 1 and "topology.fingerprint" in lines[0], bad.stderr
