@@ -110,7 +110,13 @@ _BACKENDS: dict[str, Backend] = {"numpy": _NUMPY}
 
 
 def _is_gpu_array(buf: Any) -> bool:
-    if hasattr(buf, "__cuda_array_interface__"):
+    try:
+        # A property that raises (torch bfloat16 tensors do) still marks a GPU array.
+        buf.__cuda_array_interface__  # noqa: B018 - evaluated for its exception
+        return True
+    except AttributeError:
+        pass
+    except Exception:
         return True
     dev = getattr(buf, "__dlpack_device__", None)
     if dev is not None:

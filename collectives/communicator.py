@@ -287,6 +287,17 @@ class Communicator:
     def _context(self, backend: Backend, tname: str) -> Context:
         ctx = self._contexts.get((backend.name, tname))
         if ctx is None:
+            if self.size > 1:
+                # Ranks that picked different transports (e.g. CUDA-aware MPI detected on
+                # some hosts only) would never match each other's messages: fail together.
+                chosen = self.comm.allgather(f"{backend.name}/{tname}")
+                if len(set(chosen)) > 1:
+                    detail = ", ".join(f"rank {r}: {c}" for r, c in enumerate(chosen))
+                    raise AgreementError(
+                        f"ranks chose different backends/transports ({detail}); name the "
+                        "transport explicitly (transport=... or in the profile) or set "
+                        "RINGTUNE_CUDA_AWARE the same on every host"
+                    )
             transport = make_transport(tname, self.comm, backend)
             self._transports.append(transport)
             ctx = Context(comm=self.comm, backend=backend, transport=transport,

@@ -2,9 +2,9 @@
 
 ``ringtune bench`` and ``ringtune tune`` started from a plain shell re-run themselves as
 ``mpiexec -n N python -m ringtune.cli …``; a runtime failure on one rank aborts all
-(``ringtune.cli._abort_world``) instead of leaving the others hanging. The mpiexec is the one the installed
-MPI provides: next to the Python executable (the ``mpich`` wheel in a virtual
-environment), else on ``PATH``; ``$RINGTUNE_MPIEXEC`` overrides.
+(``ringtune.cli._abort_world``) instead of leaving the others hanging. The mpiexec is the
+one the installed MPI provides: next to the Python executable (the ``mpich`` wheel in a
+virtual environment), else on ``PATH``; ``$RINGTUNE_MPIEXEC`` overrides.
 """
 
 from __future__ import annotations

@@ -1,0 +1,483 @@
+"""GPU transports: ``staged`` (pinned host buffers + MPI) and ``nccl`` (NCCL send/recv).
+
+Both follow one stream discipline, so that the multiring pipeline overlaps reduction and
+transfer without any device-wide synchronisation:
+
+* ``start`` records an event on the backend's stream (where the reductions run) and makes
+  the transport's own streams wait for it, so a send reads finished data and a receive
+  never overwrites memory a queued reduction still reads;
+* a ``Pending``'s ``wait_recv`` makes the backend's stream wait for the event that marks
+  the received data in place — the host does not wait for the GPU.
+
+``staged`` moves each message as pieces of at most ``piece_bytes``: device-to-host copies
+into pinned buffers on one stream, ``MPI_Isend`` of each piece as soon as its copy is done,
+``MPI_Irecv`` into pinned buffers posted at once, and host-to-device copies of received
+pieces on a second stream while later pieces are still arriving — double-buffered, with
+copies in both directions overlapping MPI. Sends are handed to MPI strictly in posting
+order (a FIFO), so messages with the same peer and tag keep MPI's matching order. Any
+waiting call keeps that FIFO moving, so a rank blocked on a receive still posts the sends
+its peers wait for.
+
+``nccl`` issues each batch as one ``groupStart``/``groupEnd`` group on a dedicated stream.
+NCCL has no tags: messages between two ranks match in posting order whatever their tag,
+which is what the algorithms guarantee (``tests/unit/test_cuda_transports.py`` checks that
+every algorithm posts in a rank-consistent order). The NCCL communicator is built once per
+transport (unique id broadcast over MPI) and refuses two ranks on one GPU with a clear
+error before NCCL would.
+
+``native_allreduce``: NCCL ``allReduce`` when NCCL is usable on every rank with one GPU per
+rank, else pinned-host ``MPI_Allreduce`` (copy down, reduce, copy back).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import AgreementError
+from ..transport import Pending, Transport, mpi_op
+from .binding import shared_gpu_message, shared_gpus
+from .detect import load_nccl
+from .errors import GpuError
+
+#: Largest piece a staged message is cut into (pipelining copies with MPI).
+PIECE_BYTES = 1 << 22
+
+#: NCCL's ncclDataType_t / ncclRedOp_t values (stable ABI), used when CuPy's module does
+#: not define a name.
+NCCL_DTYPES = {"int32": ("NCCL_INT32", 2), "int64": ("NCCL_INT64", 4),
+               "float16": ("NCCL_FLOAT16", 6), "float32": ("NCCL_FLOAT32", 7),
+               "float64": ("NCCL_FLOAT64", 8), "bfloat16": ("NCCL_BFLOAT16", 9)}
+NCCL_OPS = {"sum": ("NCCL_SUM", 0), "avg": ("NCCL_SUM", 0), "prod": ("NCCL_PROD", 1),
+            "max": ("NCCL_MAX", 2), "min": ("NCCL_MIN", 3)}
+
+
+def pieces(nbytes: int, piece: int) -> list[tuple[int, int]]:
+    """(offset, length) pieces of a message; a 0-byte message is one empty piece, so it is
+    still sent and matched like any other."""
+    if nbytes <= 0:
+        return [(0, 0)]
+    return [(off, min(piece, nbytes - off)) for off in range(0, nbytes, piece)]
+
+
+def _nbytes(arr: Any) -> int:
+    return int(arr.size) * int(arr.dtype.itemsize)
+
+
+def _dtype_name(arr: Any) -> str:
+    return str(arr.dtype)
+
+
+def _host_rank_records(comm: Any, backend: Any, extra: Any) -> list[Any]:
+    """Allgather of (transport-specific payload, host name, GPU key) over ``comm``."""
+    from mpi4py import MPI
+
+    binding = getattr(backend, "binding", None)
+    key = (binding.pci_bus_id or f"device {binding.device}") if binding is not None else (
+        f"device {getattr(backend, 'device', 0)}")
+    return comm.allgather((extra, MPI.Get_processor_name(), key))
+
+
+def _check_same_transport(name: str, everyone: Sequence[Any]) -> None:
+    names = [e[0][0] for e in everyone]
+    if len(set(names)) > 1:
+        detail = ", ".join(f"rank {r}: {n}" for r, n in enumerate(names))
+        raise AgreementError(
+            f"ranks chose different GPU transports ({detail}): name the transport explicitly "
+            "(allreduce(transport=...) or the profile's `transport:`) so every rank uses the "
+            "same one"
+        )
+
+
+class _EventPending(Pending):
+    """A batch whose completion is one event; waiting makes the backend stream wait."""
+
+    __slots__ = ("ops", "stream", "event", "waited")
+
+    def __init__(self, ops: Any, stream: Any, event: Any) -> None:
+        self.ops = ops
+        self.stream = stream
+        self.event = event
+        self.waited = False
+
+    def wait(self) -> None:
+        if not self.waited:
+            self.ops.wait(self.stream, self.event)
+            self.waited = True
+
+    def wait_recv(self) -> None:
+        self.wait()
+
+
+# -- pinned host buffers -------------------------------------------------------------------
+
+
+class _PinnedPool:
+    """Reusable pinned buffers in power-of-two size classes. A buffer whose asynchronous
+    copy may still be running is returned with ``release_after(event, …)`` and reused only
+    once that event has happened."""
+
+    def __init__(self, ops: Any) -> None:
+        self.ops = ops
+        self.free: dict[int, list[np.ndarray]] = {}
+        self.deferred: deque[tuple[Any, list[np.ndarray]]] = deque()
+        self.allocated = 0
+
+    @staticmethod
+    def size_class(nbytes: int) -> int:
+        return 1 << max(12, (max(1, nbytes) - 1).bit_length())
+
+    def get(self, nbytes: int) -> np.ndarray:
+        while self.deferred and self.ops.done(self.deferred[0][0]):
+            for buf in self.deferred.popleft()[1]:
+                self.release(buf)
+        cls = self.size_class(nbytes)
+        stack = self.free.get(cls)
+        if stack:
+            return stack.pop()
+        self.allocated += cls
+        return self.ops.pinned(cls)
+
+    def release(self, buf: np.ndarray) -> None:
+        self.free.setdefault(buf.nbytes, []).append(buf)
+
+    def release_after(self, event: Any, bufs: list[np.ndarray]) -> None:
+        if bufs:
+            self.deferred.append((event, bufs))
+
+    def clear(self) -> None:
+        self.free.clear()
+        self.deferred.clear()
+
+
+# -- staged ----------------------------------------------------------------------------------
+
+
+class _SendPiece:
+    __slots__ = ("event", "host", "n", "dst", "tag", "req")
+
+    def __init__(self, event: Any, host: np.ndarray, n: int, dst: int, tag: int) -> None:
+        self.event = event
+        self.host = host
+        self.n = n
+        self.dst = dst
+        self.tag = tag
+        self.req: Any = None
+
+
+class _RecvPiece:
+    __slots__ = ("req", "host", "dev", "n")
+
+    def __init__(self, req: Any, host: np.ndarray, dev: int, n: int) -> None:
+        self.req = req
+        self.host = host
+        self.dev = dev
+        self.n = n
+
+
+class _StagedPending(Pending):
+    __slots__ = ("t", "sends", "recvs", "recv_done", "done")
+
+    def __init__(self, t: StagedTransport) -> None:
+        self.t = t
+        self.sends: list[_SendPiece] = []
+        self.recvs: list[_RecvPiece] = []
+        self.recv_done = False
+        self.done = False
+
+    def wait_recv(self) -> None:
+        if self.recv_done:
+            return
+        t = self.t
+        ops = t.ops
+        for rp in self.recvs:
+            # Keep our own sends flowing while we wait: a peer may be waiting for them.
+            while not t.fifo_empty():
+                if rp.req.Test():
+                    break
+                t.pump()
+            else:
+                rp.req.Wait()
+            # This piece's copy up overlaps the arrival of the next piece.
+            ops.h2d(rp.dev, rp.host, rp.n, t.h2d_stream)
+        if self.recvs:
+            ev = ops.new_event()
+            ops.record(ev, t.h2d_stream)
+            ops.wait(t.bstream, ev)
+            t.pool.release_after(ev, [rp.host for rp in self.recvs])
+        self.recv_done = True
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        self.wait_recv()
+        t = self.t
+        for sp in self.sends:
+            while sp.req is None:
+                t.pump(block=True)
+            sp.req.Wait()
+            t.pool.release(sp.host)
+        self.done = True
+
+
+class StagedTransport(Transport):
+    """GPU buffers through pinned host memory and MPI (any MPI, CUDA-aware or not)."""
+
+    name = "staged"
+
+    def __init__(self, comm: Any, backend: Any, ops: Any = None,
+                 piece_bytes: int = PIECE_BYTES, nccl: Any = None) -> None:
+        super().__init__(comm, backend)
+        from mpi4py import MPI
+
+        if piece_bytes < 1:
+            raise ValueError(f"piece_bytes must be ≥ 1, got {piece_bytes}")
+        if ops is None:
+            from .ops import CudaOps
+
+            ops = CudaOps(backend.device)
+        self.ops = ops
+        #: The backend's stream, where reductions run and received data must be visible.
+        self.bstream: Any = backend.stream
+        self.piece = int(piece_bytes)
+        self._byte = MPI.BYTE
+        self._isend = comm.Isend
+        self._irecv = comm.Irecv
+        self.d2h_stream = ops.new_stream()
+        self.h2d_stream = ops.new_stream()
+        self.pool = _PinnedPool(ops)
+        self.fifo: deque[_SendPiece] = deque()
+        self._nccl_given = nccl
+        # native_allreduce: NCCL when every rank has it and no two ranks share a GPU;
+        # decided once, together, so that all ranks take the same path.
+        mod, why = (nccl, "given") if nccl is not None else load_nccl()
+        everyone = _host_rank_records(comm, backend, (self.name, mod is not None, why))
+        _check_same_transport(self.name, everyone)
+        records = [(e[1], e[2]) for e in everyone]
+        self._native_nccl_ok = (all(e[0][1] for e in everyone)
+                                and not shared_gpus(records))
+        self._native_link: _NcclLink | None = None
+        self._native_host: np.ndarray | None = None
+
+    # The FIFO of sends whose device-to-host copy is queued but not yet handed to MPI.
+    def fifo_empty(self) -> bool:
+        return not self.fifo
+
+    def pump(self, block: bool = False) -> None:
+        """Hand to MPI, in posting order, every queued send piece whose copy is done; with
+        ``block``, wait for the oldest one's copy first."""
+        fifo = self.fifo
+        ops = self.ops
+        while fifo:
+            sp = fifo[0]
+            if not ops.done(sp.event):
+                if not block:
+                    return
+                ops.sync_event(sp.event)
+                block = False
+            fifo.popleft()
+            sp.req = self._isend([sp.host[:sp.n], self._byte], sp.dst, sp.tag)
+
+    def start(self, sends: Sequence[tuple[Any, int, int]],
+              recvs: Sequence[tuple[Any, int, int]]) -> Pending:
+        ops = self.ops
+        pend = _StagedPending(self)
+        ready = ops.new_event()
+        ops.record(ready, self.bstream)
+        if recvs:
+            # Copies up must not overwrite what reductions queued so far still read.
+            ops.wait(self.h2d_stream, ready)
+            for arr, src, tag in recvs:
+                base = ops.ptr(arr)
+                for off, n in pieces(_nbytes(arr), self.piece):
+                    host = self.pool.get(n)
+                    req = self._irecv([host[:n], self._byte], src, tag)
+                    pend.recvs.append(_RecvPiece(req, host, base + off, n))
+        if sends:
+            # Copies down read data the backend's stream produced.
+            ops.wait(self.d2h_stream, ready)
+            for arr, dst, tag in sends:
+                base = ops.ptr(arr)
+                for off, n in pieces(_nbytes(arr), self.piece):
+                    host = self.pool.get(n)
+                    ops.d2h(host, base + off, n, self.d2h_stream)
+                    ev = ops.new_event()
+                    ops.record(ev, self.d2h_stream)
+                    sp = _SendPiece(ev, host, n, dst, tag)
+                    self.fifo.append(sp)
+                    pend.sends.append(sp)
+            self.pump()
+        return pend
+
+    def native_allreduce(self, buf: Any, op: str) -> None:
+        if self._native_nccl_ok:
+            if self._native_link is None:
+                self._native_link = _NcclLink(self.comm, self.backend, self.ops,
+                                              self._nccl_given, "native allreduce")
+            self._native_link.allreduce(buf, op)
+            return
+        self._staged_allreduce(buf, op)
+
+    def _staged_allreduce(self, buf: Any, op: str) -> None:
+        """Copy to pinned host memory, ``MPI_Allreduce`` in place, copy back."""
+        from mpi4py import MPI
+
+        ops = self.ops
+        nbytes = _nbytes(buf)
+        if self._native_host is None or self._native_host.nbytes < nbytes:
+            self._native_host = ops.pinned(nbytes)
+        host = self._native_host
+        ready = ops.new_event()
+        ops.record(ready, self.bstream)
+        ops.wait(self.d2h_stream, ready)
+        ops.d2h(host, ops.ptr(buf), nbytes, self.d2h_stream)
+        ops.sync_stream(self.d2h_stream)
+        view = host[:nbytes].view(buf.dtype)
+        if _dtype_name(buf) == "bfloat16":
+            # MPI has no bfloat16: reduce in float32 (exact for the sum of a few values,
+            # and identical on every rank), then round back.
+            wide = view.astype(np.float32)
+            self.comm.Allreduce(MPI.IN_PLACE, wide, op=mpi_op(op))
+            view[...] = wide.astype(view.dtype)
+        else:
+            self.comm.Allreduce(MPI.IN_PLACE, view, op=mpi_op(op))
+        ops.wait(self.h2d_stream, ready)
+        ops.h2d(ops.ptr(buf), host, nbytes, self.h2d_stream)
+        done = ops.new_event()
+        ops.record(done, self.h2d_stream)
+        ops.wait(self.bstream, done)
+        # ``host`` is reused by the next call: its copy down must come after this copy up.
+        ops.wait(self.d2h_stream, done)
+
+    def sub(self, comm: Any) -> Transport:
+        return StagedTransport(comm, self.backend, self.ops, self.piece, self._nccl_given)
+
+    def close(self) -> None:
+        while self.fifo:
+            self.pump(block=True)
+        self.pool.clear()
+        self._native_host = None
+        if self._native_link is not None:
+            self._native_link.close()
+            self._native_link = None
+
+
+# -- NCCL ------------------------------------------------------------------------------------
+
+
+class _NcclLink:
+    """One NCCL communicator over an MPI communicator, and the stream it works on."""
+
+    def __init__(self, comm: Any, backend: Any, ops: Any, nccl: Any, what: str) -> None:
+        if nccl is not None and hasattr(nccl, "for_comm"):
+            nccl = nccl.for_comm(comm)  # the unit tests' CPU fake of NCCL, bound to comm
+        mod, why = (nccl, "given") if nccl is not None else load_nccl()
+        rank, size = comm.Get_rank(), comm.Get_size()
+        everyone = _host_rank_records(comm, backend, ("nccl", mod is not None, why))
+        _check_same_transport("nccl", everyone)
+        missing = [r for r, e in enumerate(everyone) if not e[0][1]]
+        if missing:
+            raise GpuError(f"{what}: transport 'nccl' is not available on rank(s) "
+                           f"{', '.join(map(str, missing))}: {everyone[missing[0]][0][2]}")
+        records = [(e[1], e[2]) for e in everyone]
+        groups = shared_gpus(records)
+        if groups:
+            raise GpuError(shared_gpu_message(groups, records, "transport 'nccl'"))
+        uid: Any = None
+        err = None
+        if rank == 0:
+            try:
+                uid = mod.get_unique_id()
+            except Exception as exc:  # noqa: BLE001 - shared with every rank below
+                err = f"rank 0: ncclGetUniqueId failed: {exc}"
+        uid, err = comm.bcast((uid, err), root=0)
+        if err:
+            raise GpuError(err)
+        self.mod = mod
+        self.ops = ops
+        self.backend = backend
+        self.stream = ops.new_stream()
+        self.u8 = int(getattr(mod, "NCCL_UINT8", 1))
+        # NCCL ties the communicator to the current device: make it ours.
+        with ops.device_context():
+            self.comm = mod.NcclCommunicator(size, uid, rank)
+
+    def _enter(self) -> None:
+        ready = self.ops.new_event()
+        self.ops.record(ready, self.backend.stream)
+        self.ops.wait(self.stream, ready)
+
+    def _leave(self) -> Any:
+        done = self.ops.new_event()
+        self.ops.record(done, self.stream)
+        return done
+
+    def start(self, sends: Sequence[tuple[Any, int, int]],
+              recvs: Sequence[tuple[Any, int, int]]) -> Pending:
+        ops = self.ops
+        self._enter()
+        sptr = ops.stream_ptr(self.stream)
+        mod, comm, u8 = self.mod, self.comm, self.u8
+        mod.groupStart()
+        try:
+            # Empty messages are skipped on both sides alike (their sizes match).
+            for arr, src, _tag in recvs:
+                if arr.size:
+                    comm.recv(ops.ptr(arr), _nbytes(arr), u8, src, sptr)
+            for arr, dst, _tag in sends:
+                if arr.size:
+                    comm.send(ops.ptr(arr), _nbytes(arr), u8, dst, sptr)
+        finally:
+            mod.groupEnd()
+        return _EventPending(ops, self.backend.stream, self._leave())
+
+    def allreduce(self, buf: Any, op: str) -> None:
+        name = _dtype_name(buf)
+        if name not in NCCL_DTYPES:
+            raise TypeError(f"NCCL allReduce has no dtype {name}: use one of "
+                            f"{', '.join(NCCL_DTYPES)}")
+        dname, dval = NCCL_DTYPES[name]
+        oname, oval = NCCL_OPS[op]
+        self._enter()
+        ptr = self.ops.ptr(buf)
+        self.comm.allReduce(ptr, ptr, int(buf.size), int(getattr(self.mod, dname, dval)),
+                            int(getattr(self.mod, oname, oval)), self.ops.stream_ptr(self.stream))
+        self.ops.wait(self.backend.stream, self._leave())
+
+    def close(self) -> None:
+        self.ops.sync_stream(self.stream)
+        destroy = getattr(self.comm, "destroy", None)
+        if destroy is not None:
+            destroy()
+
+
+class NcclTransport(Transport):
+    """NCCL point-to-point send/recv, one group per batch, one GPU per rank."""
+
+    name = "nccl"
+
+    def __init__(self, comm: Any, backend: Any, ops: Any = None, nccl: Any = None) -> None:
+        super().__init__(comm, backend)
+        if ops is None:
+            from .ops import CudaOps
+
+            ops = CudaOps(backend.device)
+        self.ops = ops
+        self._nccl_given = nccl
+        self.link = _NcclLink(comm, backend, ops, nccl, "transport 'nccl'")
+
+    def start(self, sends: Sequence[tuple[Any, int, int]],
+              recvs: Sequence[tuple[Any, int, int]]) -> Pending:
+        return self.link.start(sends, recvs)
+
+    def native_allreduce(self, buf: Any, op: str) -> None:
+        self.link.allreduce(buf, op)
+
+    def sub(self, comm: Any) -> Transport:
+        return NcclTransport(comm, self.backend, self.ops, self._nccl_given)
+
+    def close(self) -> None:
+        self.link.close()

@@ -1,0 +1,227 @@
+"""The allreduce contract on GPU buffers: every registered algorithm × every GPU transport
+available on all ranks, every dtype and op, sizes {0, 1, n−1, n·rings·3+1, 37, large}, tiny
+chunks; closed-form results (``collectives.bench``) and bitwise agreement across ranks.
+Plus the GPU errors: NCCL with two ranks on one GPU, mixed host/GPU buffers under
+``RINGTUNE_CHECK=1``. Works at any world size; skipped without a GPU.
+
+Run: ``mpiexec -n K python -m mpi4py -m pytest tests/gpu`` (K = 1, 2, …; on a one-GPU
+machine the ranks share the GPU, so NCCL's multi-rank tests skip with that reason while
+``staged`` and CUDA-aware ``mpi`` run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+from collectives.algorithms import algorithm_names
+from collectives.bench import expected_result, fill_input
+from collectives.ops import OPS
+
+from .conftest import GPU_OK, agree
+
+WORLD: Any = None
+N = 1
+if GPU_OK:
+    from mpi4py import MPI
+
+    WORLD = MPI.COMM_WORLD
+    N = WORLD.Get_size()
+
+
+def common_transports() -> list[str]:
+    """GPU transports available on every rank (each rank probes; all must agree to use)."""
+    from collectives.cuda import available_transports
+
+    everyone = WORLD.allgather(available_transports())
+    return [t for t in everyone[0] if all(t in e for e in everyone)]
+
+
+@pytest.fixture(scope="module")
+def comm() -> Any:
+    from collectives import Communicator
+
+    c = Communicator(WORLD)
+    yield c
+    c.close()
+
+
+def _check(comm: Any, algo: str, params: dict[str, Any], transport: str, count: int,
+           dtype: str, op: str) -> list[str]:
+    import cupy
+
+    host = np.empty(count, dtype=dtype)
+    fill_input(host, comm.rank, op)
+    buf = cupy.asarray(host)
+    out = comm.allreduce(buf, op=op, algorithm=algo, transport=transport, **params)
+    got = cupy.asnumpy(buf)
+    fails = [] if out is buf else ["allreduce did not return its buffer"]
+    exp = expected_result(count, dtype, op, comm.size)
+    where = f"{algo} {params} over {transport} count={count} {dtype} {op}"
+    if op == "avg" and dtype.startswith("float"):
+        tol = 1e-2 if dtype == "float16" else 1e-6
+        bad = np.flatnonzero(~np.isclose(got, exp, rtol=tol, atol=0))
+    else:
+        bad = np.flatnonzero(got != exp)
+    if bad.size:
+        i = int(bad[0])
+        fails.append(f"{where}: {bad.size} wrong, first at {i}: expected {exp[i]!r}, "
+                     f"got {got[i]!r}")
+    if len(set(WORLD.allgather(hashlib.sha256(got.tobytes()).hexdigest()))) > 1:
+        fails.append(f"{where}: results differ bitwise across ranks")
+    return fails
+
+
+CONFIGS: list[tuple[str, dict[str, Any]]] = [(a, {}) for a in algorithm_names()]
+CONFIGS += [("multiring", {"rings": 2, "chunk_bytes": 64}),
+            ("multiring", {"rings": 3, "chunk_bytes": 8, "order": "identity"})]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64"])
+def test_contract_small(comm: Any, dtype: str) -> None:
+    fails: list[str] = []
+    for transport in common_transports():
+        for algo, params in CONFIGS:
+            rings = int(params.get("rings", 1))
+            for count in sorted({0, 1, max(N - 1, 0), N * rings * 3 + 1, 37}):
+                for op in OPS:
+                    fails += _check(comm, algo, params, transport, count, dtype, op)
+    agree(fails)
+
+
+def test_contract_large_with_chunks(comm: Any) -> None:
+    fails: list[str] = []
+    for transport in common_transports():
+        for algo, params in [(a, {}) for a in algorithm_names()] + [
+                ("multiring", {"rings": 4, "chunk_bytes": 1 << 16})]:
+            for dtype, op in (("float32", "sum"), ("int64", "max"), ("float16", "avg")):
+                fails += _check(comm, algo, params, transport, (1 << 20) + 3, dtype, op)
+    agree(fails)
+
+
+def test_default_choice_on_gpu(comm: Any) -> None:
+    """No algorithm or transport named: the built-in profile's choice over the default
+    GPU transport."""
+    import cupy
+
+    fails: list[str] = []
+    for count in (5, 1 << 18):
+        host = np.empty(count, dtype=np.float32)
+        fill_input(host, comm.rank, "sum")
+        buf = cupy.asarray(host)
+        comm.allreduce(buf, op="sum")
+        if not np.array_equal(cupy.asnumpy(buf), expected_result(count, "float32", "sum", N)):
+            fails.append(f"default choice wrong for count={count}: {comm.explain(count * 4)}")
+    agree(fails)
+
+
+def test_bfloat16_allreduce_if_supported(comm: Any) -> None:
+    import cupy
+
+    from collectives.backend import get_backend
+
+    be: Any = get_backend("cupy")
+    if "bfloat16" not in be.extra_dtypes:
+        pytest.skip("this CuPy has no bfloat16 (needs CuPy ≥ 14 with ml_dtypes)")
+    fails = []
+    for transport in common_transports():
+        for algo in algorithm_names():
+            buf = cupy.asarray(np.full(1001, comm.rank + 1, dtype=np.float32).astype(
+                be.dtype("bfloat16")))
+            comm.allreduce(buf, op="sum", algorithm=algo, transport=transport)
+            want = N * (N + 1) / 2
+            got = cupy.asnumpy(buf).astype(np.float32)
+            if not np.all(got == want):
+                fails.append(f"bfloat16 {algo} over {transport}: {got[:4]} != {want}")
+    agree(fails)
+
+
+def test_nccl_refuses_two_ranks_on_one_gpu() -> None:
+    from collectives.backend import get_backend
+    from collectives.cuda import GpuError, nccl_status
+    from collectives.cuda.binding import shared_gpus
+    from collectives.transport import make_transport
+
+    be: Any = get_backend("cupy")
+    ok = WORLD.allgather(nccl_status()[0])
+    if not all(ok):
+        pytest.skip("NCCL is not installed on every rank")
+    records = WORLD.allgather((MPI.Get_processor_name(), be.binding.pci_bus_id))
+    if not shared_gpus(records):
+        pytest.skip("every rank has its own GPU here (nothing shared to refuse)")
+    msg = ""
+    try:
+        make_transport("nccl", WORLD, be)
+    except GpuError as exc:
+        msg = str(exc)
+    agree([] if "one GPU per rank" in msg and "ranks 0, 1" in msg else
+          [f"expected the shared-GPU error, got {msg!r}"])
+
+
+def test_transports_move_data_to_self() -> None:
+    """Point-to-point through each GPU transport on a one-rank communicator (NCCL too:
+    one rank owns its GPU), several pieces per message for ``staged``."""
+    import cupy
+
+    from collectives.backend import get_backend
+    from collectives.cuda import nccl_status
+    from collectives.cuda.transports import NcclTransport, StagedTransport
+
+    be: Any = get_backend("cupy")
+    kinds: list[Any] = [lambda: StagedTransport(MPI.COMM_SELF, be, piece_bytes=1000)]
+    if nccl_status()[0]:
+        kinds.append(lambda: NcclTransport(MPI.COMM_SELF, be))
+    fails = []
+    for make in kinds:
+        t = make()
+        for n in (0, 1, 999, 1000, 1001, 12345):
+            src = cupy.arange(n, dtype=cupy.uint8)
+            dst = cupy.zeros(n, dtype=cupy.uint8)
+            p = t.start([(src, 0, 3)], [(dst, 0, 3)])
+            p.wait_recv()
+            p.wait()
+            be.synchronize()
+            if not bool((dst == src).all()):
+                fails.append(f"{t.name}: {n} bytes to self arrived wrong")
+        buf = cupy.arange(7, dtype=cupy.float32)
+        t.native_allreduce(buf, "sum")
+        be.synchronize()
+        if cupy.asnumpy(buf).tolist() != list(range(7)):
+            fails.append(f"{t.name}: native allreduce on one rank changed the data")
+        t.close()
+    agree(fails)
+
+
+def test_mixed_host_and_gpu_buffers_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cupy
+
+    from collectives import AgreementError, Communicator
+
+    if N < 2:
+        pytest.skip("needs two ranks")
+    monkeypatch.setenv("RINGTUNE_CHECK", "1")
+    c = Communicator(WORLD)
+    buf: Any = np.ones(16, np.float32) if WORLD.Get_rank() == 0 else cupy.ones(16, cupy.float32)
+    msg = ""
+    try:
+        c.allreduce(buf)
+    except AgreementError as exc:
+        msg = str(exc)
+    c.close()
+    agree([] if "numpy" in msg and "cupy" in msg else [f"no clear error: {msg!r}"])
+
+
+def test_torch_tensor_allreduce(comm: Any) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    from collectives.backend import get_backend
+
+    be: Any = get_backend("cupy")
+    t = torch.full((3, 5), float(comm.rank + 1), device=f"cuda:{be.device}")
+    out = comm.allreduce(t, op="sum")
+    agree([] if out is t and bool((t == N * (N + 1) / 2).all()) else
+          ["torch tensor not reduced in place"])

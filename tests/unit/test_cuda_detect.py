@@ -1,0 +1,215 @@
+"""GPU probes that work without a GPU: CUDA-aware MPI detection, the override variable,
+the launcher's rank layout, device choice, PCI bus ids, shared-GPU detection, transport
+selection on a machine without CuPy, and that ``import collectives`` stays light."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from collectives.cuda import binding as B
+from collectives.cuda import detect as D
+
+
+def test_import_collectives_loads_no_gpu_or_tuner_modules() -> None:
+    code = ("import sys, collectives, collectives.cuda, collectives.transport, "
+            "collectives.backend\n"
+            "heavy = [m for m in ('cupy', 'cupyx', 'pynvml', 'optuna', 'torch') "
+            "if m in sys.modules]\n"
+            "print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "", f"imported: {out.stdout.strip()}"
+
+
+@pytest.mark.parametrize("value,expected", [
+    (None, None), ("", None), ("  ", None), ("1", True), ("true", True), ("YES", True),
+    ("on", True), ("0", False), ("false", False), ("No", False), ("off", False)])
+def test_cuda_aware_env_parsing(value: str | None, expected: bool | None) -> None:
+    assert D.parse_cuda_aware_env(value) is expected
+
+
+def test_cuda_aware_env_typo_is_an_error_naming_the_variable() -> None:
+    with pytest.raises(ValueError, match=r"RINGTUNE_CUDA_AWARE='maybe'.*1.*0"):
+        D.parse_cuda_aware_env("maybe")
+    with pytest.raises(ValueError, match="RINGTUNE_CUDA_AWARE"):
+        D.cuda_aware_mpi({"RINGTUNE_CUDA_AWARE": "2"})
+
+
+def test_override_wins_over_detection() -> None:
+    assert D.cuda_aware_mpi({"RINGTUNE_CUDA_AWARE": "1"}) is True
+    assert D.cuda_aware_mpi({"RINGTUNE_CUDA_AWARE": "0"}) is False
+    assert "override" in D.cuda_aware_reason({"RINGTUNE_CUDA_AWARE": "1"})
+
+
+def test_mpich_wheel_exports_the_query_and_is_not_cuda_aware() -> None:
+    """The MPICH wheel from PyPI exports MPIX_Query_cuda_support and answers 0."""
+    from mpi4py import MPI
+
+    if "MPICH" not in MPI.Get_library_version():
+        pytest.skip("not the MPICH library")
+    answer, where = D.query_cuda_support()
+    assert answer is False, where
+    assert os.path.exists(where)
+    assert D.cuda_aware_mpi({}) is False
+    assert "MPIX_Query_cuda_support() = 0" in D.cuda_aware_reason({})
+
+
+def test_query_reports_missing_symbol(tmp_path: object) -> None:
+    # libc exports no MPIX_Query_cuda_support: "cannot tell", not a crash.
+    import ctypes.util
+
+    libc = ctypes.util.find_library("c")
+    if libc is None:
+        pytest.skip("no libc to load")
+    answer, why = D.query_cuda_support([libc, "/nonexistent/libmpi.so"])
+    assert answer is None and "MPIX_Query_cuda_support" in why
+
+
+@pytest.mark.parametrize("env,rank,source", [
+    ({"MPI_LOCALRANKID": "3"}, 3, "MPI_LOCALRANKID"),
+    ({"OMPI_COMM_WORLD_LOCAL_RANK": "1"}, 1, "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ({"SLURM_LOCALID": "2", "LOCAL_RANK": "5"}, 2, "SLURM_LOCALID"),
+    ({"LOCAL_RANK": "5"}, 5, "LOCAL_RANK"),
+    ({"MPI_LOCALRANKID": "x", "LOCAL_RANK": "4"}, 4, "LOCAL_RANK"),
+    ({}, 0, "default"),
+])
+def test_local_rank_from_launcher_variables(env: dict[str, str], rank: int,
+                                            source: str) -> None:
+    assert D.local_rank(env) == (rank, source)
+
+
+def test_local_size_and_world_rank_from_variables() -> None:
+    assert D.local_size({"MPI_LOCALNRANKS": "4"}) == 4
+    assert D.local_size({"OMPI_COMM_WORLD_LOCAL_SIZE": "8"}) == 8
+    assert D.local_size({}) is None
+    assert D.world_rank({"PMI_RANK": "7"}) == 7
+    assert D.world_rank({}) == 0
+
+
+def test_hydra_sets_the_local_rank_variables() -> None:
+    """The mpiexec of the MPICH wheel sets MPI_LOCALRANKID/MPI_LOCALNRANKS, which device
+    binding reads."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.access(mpiexec, os.X_OK):
+        pytest.skip("no mpiexec next to the interpreter")
+    code = ("from collectives.cuda.detect import local_rank, local_size; "
+            "print(local_rank()[0], local_rank()[1], local_size())")
+    out = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=120)
+    # Ranks print concurrently: match the records, not the lines.
+    found = sorted(re.findall(r"(\d) (MPI_LOCALRANKID) (\d)", out.stdout))
+    assert out.returncode == 0 and found == [("0", "MPI_LOCALRANKID", "2"),
+                                             ("1", "MPI_LOCALRANKID", "2")], (
+        out.stdout + out.stderr)[-2000:]
+
+
+@pytest.mark.parametrize("local,visible,device", [
+    (0, 1, 0), (1, 1, 0), (3, 8, 3), (9, 8, 1), (2, 4, 2), (5, 2, 1)])
+def test_one_rank_per_gpu_by_local_rank(local: int, visible: int, device: int) -> None:
+    assert B.choose_device(local, visible) == device
+
+
+def test_no_visible_gpu_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(B.GpuError, match=r"rank \d+: no GPU is visible.*CUDA_VISIBLE_DEVICES=''"):
+        B.choose_device(0, 0)
+
+
+@pytest.mark.parametrize("raw,norm", [
+    ("00000000:3B:00.0", "0000:3b:00.0"),
+    (b"00000000:3B:00.0\x00", "0000:3b:00.0"),
+    ("0000:3b:00.0", "0000:3b:00.0"),
+    ("0001:C1:1F.7", "0001:c1:1f.7"),
+    ("3b:00.0", "0000:3b:00.0"),
+])
+def test_bus_id_normalisation(raw: str | bytes, norm: str) -> None:
+    assert B.normalize_bus_id(raw) == norm
+
+
+def test_bad_bus_id_is_named() -> None:
+    with pytest.raises(ValueError, match="not a PCI bus id: 'gpu0'"):
+        B.normalize_bus_id("gpu0")
+
+
+def test_cuda_device_matched_to_nvml_record_by_bus_id() -> None:
+    # NVML lists every GPU by bus; CUDA (with CUDA_VISIBLE_DEVICES=2,0) calls the third one 0.
+    nvml = ["00000000:18:00.0", "00000000:3B:00.0", "00000000:86:00.0", "00000000:AF:00.0"]
+    assert B.nvml_index_for("0000:86:00.0", nvml) == 2
+    assert B.nvml_index_for("0000:18:00.0", nvml) == 0
+    assert B.nvml_index_for("0000:99:00.0", nvml) is None
+    assert B.nvml_index_for("0000:3b:00.0", ["garbage", b"00000000:3B:00.0"]) == 1
+
+
+def test_shared_gpus_found_per_host_and_named_in_the_error() -> None:
+    records = [("h1", "0000:3b:00.0"), ("h1", "0000:3b:00.0"), ("h2", "0000:3b:00.0"),
+               ("h1", "0000:86:00.0")]
+    groups = B.shared_gpus(records)
+    assert groups == [[0, 1]]
+    msg = B.shared_gpu_message(groups, records)
+    assert "ranks 0, 1 on host h1" in msg and "0000:3b:00.0" in msg
+    assert "one GPU per rank" in msg and "'staged'" in msg
+    assert B.shared_gpus([("h", "a"), ("h", "b")]) == []
+
+
+def test_binding_describe_names_device_bus_and_source() -> None:
+    b = B.DeviceBinding(device=1, local_rank=3, source="MPI_LOCALRANKID", local_size=4,
+                        visible=2, pci_bus_id="0000:3b:00.0", nvml_index=5)
+    text = b.describe()
+    assert "GPU 1" in text and "0000:3b:00.0" in text and "NVML 5" in text
+    assert "local rank 3" in text and "MPI_LOCALRANKID" in text
+
+
+def test_nccl_version_text() -> None:
+    assert D.nccl_version_text(21805) == "2.18.5"
+    assert D.nccl_version_text(2708) == "2.7.8"
+
+
+def test_without_cupy_no_gpu_transport_is_available() -> None:
+    import collectives.cuda as C
+
+    ok, why = D.cupy_status()
+    if ok:
+        pytest.skip("CuPy and a GPU are present: covered by tests/gpu")
+    assert "CuPy" in why or "GPU" in why
+    assert C.available_transports() == []
+    assert C.default_gpu_transport() == "staged"
+    assert D.nccl_status()[0] is False
+
+
+def test_gpu_buffer_without_cupy_names_the_fix() -> None:
+    """A CUDA-array-like buffer on a rank without CuPy: the error says what to install."""
+    from collectives.backend import backend_for
+
+    if D.cupy_status()[0]:
+        pytest.skip("CuPy and a GPU are present")
+
+    class FakeCudaArray:
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False),
+                                    "version": 3}
+
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is None:
+        expect = r"backend 'cupy' is not available.*CuPy is not installed.*ringtune\[cuda\]"
+    else:  # CuPy installed, no usable GPU
+        expect = r"rank \d+: got GPU work but CUDA sees no GPU.*pass NumPy arrays"
+    with pytest.raises(ValueError, match=expect):
+        backend_for(FakeCudaArray())
+
+
+def test_gpu_transports_refuse_host_buffers() -> None:
+    from collectives.backend import get_backend
+    from collectives.cuda import make_gpu_transport
+    from collectives.transport import make_transport
+
+    np_backend = get_backend("numpy")
+    for name in ("staged", "nccl"):
+        with pytest.raises(ValueError, match="host \\(NumPy\\) buffers use 'mpi'"):
+            make_transport(name, None, np_backend)
+        with pytest.raises(ValueError, match="moves GPU buffers"):
+            make_gpu_transport(name, None, np_backend)
