@@ -580,8 +580,14 @@ def _record(driver: _Driver | None, outcome: TrialOutcome) -> None:
     driver.record(outcome)
 
 
+ABORT_GRACE_S = 1.0
+
+
 def _abort(comm: Any, message: str) -> None:
     print(f"ringtune: error: {message}", file=sys.stderr, flush=True)
+    # The launcher forwards our stderr asynchronously and the abort kills every process at
+    # once: give the forwarding a moment so the message is not lost with them.
+    time.sleep(ABORT_GRACE_S)
     comm.Abort(1)
 
 

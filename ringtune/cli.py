@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 from collections.abc import Sequence
 
 from .errors import UsageError, report_error
@@ -81,6 +82,9 @@ def _abort_world(code: int) -> None:
     MPI = mpi_mod
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
         sys.stderr.flush()
+        # The launcher forwards stderr asynchronously; the abort kills every process at
+        # once. A moment's grace keeps the one error line from being lost with them.
+        time.sleep(1.0)
         MPI.COMM_WORLD.Abort(code)
 
 
