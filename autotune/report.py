@@ -13,6 +13,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from collectives.atomic import write_text_atomic
+
 
 def human_bytes(n: int | None) -> str:
     if n is None:
@@ -166,23 +168,5 @@ def write_report(folder: str, result: Any) -> list[str]:
           markdown_table(BUCKET_HEADER, bucket_rows(result)), "",
           "![busbw vs size](busbw.png)", ""]
     mdpath = os.path.join(folder, "report.md")
-    _write_atomic(mdpath, "\n".join(md))
+    write_text_atomic(mdpath, "\n".join(md))
     return [png, mdpath]
-
-
-def _write_atomic(path: str, text: str) -> None:
-    """Temporary file in the same folder, fsync, rename: never a half-written report."""
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".tmp",
-                               dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -16,11 +16,11 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .atomic import write_text_atomic
 from .errors import ProfileError
 
 FORMAT = "ringtune-profile"
@@ -404,44 +404,12 @@ def write_profile(profile_or_dict: Profile | Mapping[str, Any],
     name = os.fspath(path)
     text = dump_profile(profile_or_dict)
     folder = os.path.dirname(os.path.abspath(name))
-    if os.path.isdir(name):
-        raise ProfileError(f"{name}: is a directory; give a profile file name such as "
-                           f"{os.path.join(name, 'local.yaml')}")
-    if not os.path.isdir(folder):
-        raise ProfileError(f"{name}: cannot write profile: folder {folder} does not exist; "
-                           "create it or choose another --out")
+    check_writable(name)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(name)}.", suffix=".tmp",
-                                   dir=folder)
+        return write_text_atomic(name, text)
     except OSError as exc:
         raise ProfileError(f"{name}: cannot write profile: {exc.strerror or exc} (folder "
                            f"{folder}); choose a writable --out") from None
-    try:
-        # mkstemp creates the file 0600; a profile is meant to be shared like any file.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, name)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise ProfileError(f"{name}: cannot write profile: {exc.strerror or exc}") from None
-    try:
-        # The rename itself is durable only once the folder is synced.
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-    return name
 
 
 def check_writable(path: str | os.PathLike[str]) -> None:

@@ -40,6 +40,7 @@ from ..orders import host_grouped_order
 from . import register
 from .base import Algorithm, Context
 from .multiring import RingSchedule, check_chunk_bytes, check_rings
+from .rhd import RhdSchedule
 
 #: Algorithms that can run along one dimension of the grid.
 INNER: tuple[str, ...] = ("multiring", "rhd", "native")
@@ -134,89 +135,6 @@ def check_grid_fits_hosts(dims: Sequence[int], hosts: Sequence[int]) -> None:
                 )
 
 
-class _RhdPhase:
-    """Recursive halving / doubling on the region ``[offset, offset + count)`` over the
-    ranks of ``ctx``, split into a reduce-scatter and an all-gather phase."""
-
-    def __init__(self, ctx: Context, offset: int, count: int, dtype: str, op: str) -> None:
-        self.ctx = ctx
-        self.op = op
-        n, rank = ctx.size, ctx.rank
-        self.offset, self.count = offset, count
-        self.trivial = n == 1 or count == 0
-        self.owned: tuple[int, int] = (offset, count)
-        if self.trivial:
-            return
-        p = 1 << (n.bit_length() - 1)
-        r = n - p
-        self.fold_partner: int | None = None  # rank that folds into us (we are odd < 2r)
-        self.folded_into: int | None = None  # rank we fold into (we are even < 2r)
-        if rank < 2 * r:
-            if rank % 2 == 0:
-                self.folded_into, newrank = rank + 1, -1
-            else:
-                self.fold_partner, newrank = rank - 1, rank // 2
-        else:
-            newrank = rank - r
-        base, rem = divmod(count, p)
-        offs = [offset]
-        for b in range(p):
-            offs.append(offs[-1] + base + (1 if b < rem else 0))
-
-        def real(k: int) -> int:
-            return 2 * k + 1 if k < r else k + r
-
-        self.halving: list[tuple[int, int, int, int, int]] = []
-        if newrank < 0:
-            self.owned = (offset, 0)
-        else:
-            lo, hi, mask = 0, p, p >> 1
-            while mask:
-                mid = (lo + hi) // 2
-                keep, give = ((mid, hi), (lo, mid)) if newrank & mask else ((lo, mid), (mid, hi))
-                self.halving.append((real(newrank ^ mask), offs[give[0]], offs[give[1]],
-                                     offs[keep[0]], offs[keep[1]]))
-                lo, hi = keep
-                mask >>= 1
-            self.owned = (offs[newrank], offs[newrank + 1] - offs[newrank])
-        self.scratch = ctx.backend.empty(count, dtype)
-
-    def reduce_scatter(self, buf: Any) -> None:
-        if self.trivial:
-            return
-        t, be, op, o = self.ctx.transport, self.ctx.backend, self.op, self.offset
-        region = buf[o:o + self.count]
-        scratch = self.scratch  # indexed relative to the region
-        if self.folded_into is not None:
-            t.start([(region, self.folded_into, 3)], []).wait()
-            return
-        if self.fold_partner is not None:
-            t.start([], [(scratch, self.fold_partner, 3)]).wait()
-            be.reduce_into(region, scratch, op)
-        for partner, slo, shi, klo, khi in self.halving:
-            sends = [(buf[slo:shi], partner, 4)] if shi > slo else []
-            recvs = [(scratch[klo - o:khi - o], partner, 4)] if khi > klo else []
-            t.start(sends, recvs).wait()
-            if khi > klo:
-                be.reduce_into(buf[klo:khi], scratch[klo - o:khi - o], op)
-
-    def all_gather(self, buf: Any) -> None:
-        if self.trivial:
-            return
-        t, o = self.ctx.transport, self.offset
-        region = buf[o:o + self.count]
-        if self.folded_into is not None:
-            t.start([], [(region, self.folded_into, 3)]).wait()
-            return
-        # Doubling retraces the halving backwards: send what we kept, receive what we gave.
-        for partner, glo, ghi, klo, khi in reversed(self.halving):
-            sends = [(buf[klo:khi], partner, 5)] if khi > klo else []
-            recvs = [(buf[glo:ghi], partner, 5)] if ghi > glo else []
-            t.start(sends, recvs).wait()
-        if self.fold_partner is not None:
-            t.start([(region, self.fold_partner, 3)], []).wait()
-
-
 class _NativePhase:
     """The library's allreduce of the region on the sub-communicator, then this rank keeps
     block *rank* of the region; the all-gather is a one-ring all-gather."""
@@ -295,7 +213,7 @@ class Hierarchical(Algorithm):
                                           self.params.get("rings", 1),
                                           self.params.get("chunk_bytes", 0), "topology")
             elif kind == "rhd":
-                phase = _RhdPhase(sub, offset, length, dtype, op)
+                phase = RhdSchedule(sub, offset, length, dtype, op)
             else:
                 phase = _NativePhase(sub, offset, length, dtype, op)
             self.phases.append(phase)

@@ -18,13 +18,91 @@ from . import register
 from .base import Algorithm, Context
 
 
-def _split(count: int, parts: int) -> list[int]:
-    """Offsets of ``parts`` balanced blocks of ``count`` elements (length parts + 1)."""
-    base, rem = divmod(count, parts)
-    offs = [0]
-    for b in range(parts):
-        offs.append(offs[-1] + base + (1 if b < rem else 0))
-    return offs
+class RhdSchedule:
+    """Recursive halving / doubling on the region ``[offset, offset + count)`` over the
+    ranks of ``ctx``, built once, run many times, in two phases: ``reduce_scatter`` leaves
+    this rank's block (``owned``; empty on a folded-in rank) reduced over all ranks,
+    ``all_gather`` copies every block to every rank. ``rhd`` runs both on the whole buffer;
+    ``hierarchical`` runs them one grid dimension at a time."""
+
+    def __init__(self, ctx: Context, offset: int, count: int, dtype: str, op: str) -> None:
+        self.ctx = ctx
+        self.op = op
+        n, rank = ctx.size, ctx.rank
+        self.offset, self.count = offset, count
+        self.trivial = n == 1 or count == 0
+        self.owned: tuple[int, int] = (offset, count)
+        if self.trivial:
+            return
+        p = 1 << (n.bit_length() - 1)
+        r = n - p
+        self.fold_partner: int | None = None  # rank that folds into us (we are odd < 2r)
+        self.folded_into: int | None = None  # rank we fold into (we are even < 2r)
+        if rank < 2 * r:
+            if rank % 2 == 0:
+                self.folded_into, newrank = rank + 1, -1
+            else:
+                self.fold_partner, newrank = rank - 1, rank // 2
+        else:
+            newrank = rank - r
+        base, rem = divmod(count, p)
+        offs = [offset]
+        for b in range(p):
+            offs.append(offs[-1] + base + (1 if b < rem else 0))
+
+        def real(k: int) -> int:
+            return 2 * k + 1 if k < r else k + r
+
+        self.halving: list[tuple[int, int, int, int, int]] = []
+        if newrank < 0:
+            self.owned = (offset, 0)
+        else:
+            lo, hi, mask = 0, p, p >> 1
+            while mask:
+                mid = (lo + hi) // 2
+                keep, give = ((mid, hi), (lo, mid)) if newrank & mask else ((lo, mid), (mid, hi))
+                self.halving.append((real(newrank ^ mask), offs[give[0]], offs[give[1]],
+                                     offs[keep[0]], offs[keep[1]]))
+                lo, hi = keep
+                mask >>= 1
+            self.owned = (offs[newrank], offs[newrank + 1] - offs[newrank])
+        self.scratch = ctx.backend.empty(count, dtype)
+
+    def reduce_scatter(self, buf: Any) -> None:
+        if self.trivial:
+            return
+        t, be, op, o = self.ctx.transport, self.ctx.backend, self.op, self.offset
+        region = buf[o:o + self.count]
+        scratch = self.scratch  # indexed relative to the region
+        if self.folded_into is not None:
+            t.start([(region, self.folded_into, 3)], []).wait()
+            return
+        if self.fold_partner is not None:
+            t.start([], [(scratch, self.fold_partner, 3)]).wait()
+            be.reduce_into(region, scratch, op)
+        for partner, slo, shi, klo, khi in self.halving:
+            sends = [(buf[slo:shi], partner, 4)] if shi > slo else []
+            recvs = [(scratch[klo - o:khi - o], partner, 4)] if khi > klo else []
+            t.start(sends, recvs).wait()
+            if khi > klo:
+                be.reduce_into(buf[klo:khi], scratch[klo - o:khi - o], op)
+
+    def all_gather(self, buf: Any) -> None:
+        if self.trivial:
+            return
+        t, o = self.ctx.transport, self.offset
+        region = buf[o:o + self.count]
+        if self.folded_into is not None:
+            t.start([], [(region, self.folded_into, 3)]).wait()
+            return
+        # Doubling retraces the halving backwards: send what we kept, receive what we gave.
+        for partner, glo, ghi, klo, khi in reversed(self.halving):
+            sends = [(buf[klo:khi], partner, 5)] if khi > klo else []
+            recvs = [(buf[glo:ghi], partner, 5)] if ghi > glo else []
+            t.start(sends, recvs).wait()
+        if self.fold_partner is not None:
+            t.start([(region, self.fold_partner, 3)], []).wait()
+
 
 
 @register
@@ -35,76 +113,8 @@ class Rhd(Algorithm):
 
     def __init__(self, ctx: Context, count: int, dtype: str, op: str, params: Any) -> None:
         super().__init__(ctx, count, dtype, op, params)
-        n, rank = ctx.size, ctx.rank
-        self.trivial = n == 1 or count == 0
-        if self.trivial:
-            return
-        p = 1 << (n.bit_length() - 1)
-        r = n - p
-        self.fold_partner: int | None = None  # rank that folds into us (we are odd < 2r)
-        self.folded_into: int | None = None  # rank we fold into (we are even < 2r)
-        if rank < 2 * r:
-            if rank % 2 == 0:
-                self.folded_into = rank + 1
-                newrank = -1
-            else:
-                self.fold_partner = rank - 1
-                newrank = rank // 2
-        else:
-            newrank = rank - r
-        self.newrank = newrank
-        self.scratch = ctx.backend.empty(count, dtype)
-        offs = _split(count, p)
-
-        def real(k: int) -> int:
-            return 2 * k + 1 if k < r else k + r
-
-        # Halving: masks from the top bit down, keeping the half that holds our block.
-        self.halving: list[tuple[int, int, int, int, int]] = []
-        self.doubling: list[tuple[int, int, int, int, int]] = []
-        if newrank >= 0:
-            lo, hi = 0, p
-            mask = p >> 1
-            while mask:
-                mid = (lo + hi) // 2
-                partner = real(newrank ^ mask)
-                if newrank & mask:
-                    keep, give = (mid, hi), (lo, mid)
-                else:
-                    keep, give = (lo, mid), (mid, hi)
-                # (partner, send lo, send hi, keep lo, keep hi) as element offsets
-                self.halving.append(
-                    (partner, offs[give[0]], offs[give[1]], offs[keep[0]], offs[keep[1]])
-                )
-                lo, hi = keep
-                mask >>= 1
-            # Doubling retraces the halving backwards: send what we kept, receive what we gave.
-            for partner, glo, ghi, klo, khi in reversed(self.halving):
-                self.doubling.append((partner, klo, khi, glo, ghi))
+        self.schedule = RhdSchedule(ctx, 0, count, dtype, op)
 
     def run(self, buf: Any) -> None:
-        if self.trivial:
-            return
-        t = self.ctx.transport
-        be = self.ctx.backend
-        op = self.op
-        scratch = self.scratch
-        if self.folded_into is not None:
-            t.start([(buf, self.folded_into, 0)], []).wait()
-            t.start([], [(buf, self.folded_into, 0)]).wait()
-            return
-        if self.fold_partner is not None:
-            t.start([], [(scratch, self.fold_partner, 0)]).wait()
-            be.reduce_into(buf, scratch, op)
-        for partner, slo, shi, klo, khi in self.halving:
-            sends = [(buf[slo:shi], partner, 1)] if shi > slo else []
-            recvs = [(scratch[klo:khi], partner, 1)] if khi > klo else []
-            t.start(sends, recvs).wait()
-            if khi > klo:
-                be.reduce_into(buf[klo:khi], scratch[klo:khi], op)
-        for partner, slo, shi, rlo, rhi in self.doubling:
-            sends = [(buf[slo:shi], partner, 2)] if shi > slo else []
-            recvs = [(buf[rlo:rhi], partner, 2)] if rhi > rlo else []
-            t.start(sends, recvs).wait()
-        if self.fold_partner is not None:
-            t.start([(buf, self.fold_partner, 0)], []).wait()
+        self.schedule.reduce_scatter(buf)
+        self.schedule.all_gather(buf)

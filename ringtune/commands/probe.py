@@ -50,8 +50,8 @@ def _size(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     import probes
+    from collectives.atomic import write_text_atomic
     from ringtune.errors import UsageError
-    from ringtune.files import write_text_atomic
     from ringtune.launch import under_mpiexec
 
     if args.repetitions < 1:

@@ -195,9 +195,9 @@ def _plot(result: dict[str, Any], path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from autotune.cluster import load_cluster, load_workload
     from autotune.model import ALGORITHMS
+    from collectives.atomic import write_text_atomic
     from collectives.bench import parse_size, size_list
     from ringtune.errors import UsageError
-    from ringtune.files import write_text_atomic
 
     cluster = load_cluster(args.cluster)
     workload = load_workload(args.workload) if args.workload else None
