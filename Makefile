@@ -40,7 +40,8 @@ mpi: install
 gpu: install
 	$(PY) -m pytest -q -p no:cacheprovider -rs tests/gpu
 
-test: lint unit mpi gpu
+# GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
+test: lint gpu unit mpi
 
 tune: install
 	$(VENV)/bin/ringtune tune --out profiles/local.yaml
