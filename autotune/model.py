@@ -15,12 +15,20 @@ flows that compete for it — the flows of one rank (``links_per_rank``, ``share
 flows of all ranks of the group below that leave through the same links (a NIC shared by a
 host's GPUs). Reduce-scatter steps add the reduction of the received piece at
 ``memory_gbs / 3`` (read two arrays, write one); chunking (``chunk_bytes``) overlaps that
-with the transfer. Every posted message costs ``overhead_us`` of software time.
+with the transfer. Every posted message (a send or a receive) costs ``overhead_us`` of
+software time.
+
+``measure(comm)`` calibrates the model on this machine from its primitives — per-message
+cost, point-to-point time of freshly reduced buffers by size, reduction rates, fresh pages
+— never from an allreduce's time; there ``native`` is modelled as MPICH runs it
+(``Cluster.native_model == "mpich"``). A measured level's bandwidth is a curve over message
+size, which absorbs protocol switches and caches.
 
 What it leaves out, on purpose: switch congestion inside a level (levels are non-blocking),
-the PCIe hop between a GPU and its NIC, protocol effects (eager/rendezvous thresholds), and
-CPU oversubscription (more ranks than cores), which is why validation on a small machine is
-reported, not assumed.
+the PCIe hop between a GPU and its NIC, an algorithm's fixed Python bookkeeping per call,
+and the operating system's interleaving of more ranks than cores beyond what primitives
+measured with every rank busy show — which is why validation on a small machine is
+reported, not assumed (BENCHMARKS.md, issue 6).
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ from collectives.orders import derived_cycles
 
 from .cluster import Cluster, Level
 
+#: MPICH's default MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE: recursive doubling up to this size.
+MPICH_SHORT_BYTES = 2048
 #: The algorithms the model knows, in display order.
 ALGORITHMS: tuple[str, ...] = ("native", "multiring", "rhd", "hierarchical")
 #: Configurations searched for ``best`` (chunk 0 = whole segment).
@@ -96,6 +106,8 @@ class Model:
         self.red_rate = c.memory_gbs * 1e9 / 3.0
         self.curves = [lv.curve for lv in c.levels]
         self.over = c.overhead_us * 1e-6
+        self.native_over = (c.overhead_us if c.native_overhead_us is None
+                            else c.native_overhead_us) * 1e-6
         self.hosts = c.host_of()
 
     # -- flows -----------------------------------------------------------------------
@@ -140,20 +152,29 @@ class Model:
     def step(self, terms: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Time of one step moving ``nbytes`` per flow (array over sizes): the slowest flow.
         A level with a measured bandwidth curve scales its flows' per-byte time by
-        nominal / measured bandwidth at that message size."""
+        nominal / measured bandwidth at the size a rank moves in the step: its concurrent
+        flows on a measured level (the rings of ``multiring``) are copied by the same CPU,
+        so together they cost what one message of their total size costs."""
         if terms.size == 0:
             return np.zeros_like(nbytes, dtype=float)
         per_byte = terms[:, 1:2] * np.ones((1, nbytes.size))
         for i, li in enumerate(terms[:, 2].astype(int)):
             curve = self.curves[li]
             if curve:
-                per_byte[i] *= self.cluster.levels[li].bandwidth_gbs / _interp(curve, nbytes)
+                lv = self.cluster.levels[li]
+                # Flows per rank on this level: its per-byte time over one link's.
+                flows = max(1.0, float(np.rint(terms[i, 1] * lv.bandwidth_gbs * 1e9
+                                               * max(1.0, lv.links_per_rank))))
+                per_byte[i] *= lv.bandwidth_gbs / _interp(curve, nbytes * flows)
         return np.max(terms[:, :1] + per_byte * nbytes[None, :], axis=0)
 
-    def reduce_time(self, nbytes: np.ndarray) -> np.ndarray:
+    def reduce_time(self, nbytes: np.ndarray, native: bool = False) -> np.ndarray:
         """Seconds to reduce ``nbytes`` received bytes into the buffer (reads two arrays,
-        writes one), at the measured rate for that size when there is a curve."""
+        writes one), at the measured rate for that size when there is a curve; ``native``:
+        the communication library's own reduction (its curve, when measured)."""
         curve = self.cluster.memory_curve
+        if native and self.cluster.native_memory_curve:
+            curve = self.cluster.native_memory_curve
         rate = self.red_rate if not curve else _interp(curve, nbytes) * 1e9 / 3.0
         return nbytes / rate
 
@@ -207,26 +228,31 @@ class Model:
         seg = region / (d * rings)
         chunks = np.maximum(1.0, np.ceil(seg / chunk_bytes)) if chunk_bytes else 1.0
         t = self.step(self._ring_terms(stride, d, rings), seg)
-        msgs = self.over * rings * chunks
+        # Each ring posts one send and one receive per chunk and step.
+        msgs = 2 * self.over * rings * chunks
         if reduce:
             red = self.reduce_time(region / d)
             t = np.maximum(t, red) + np.minimum(t, red) / chunks
         return (d - 1) * (t + msgs)
 
-    def rhd_phase(self, stride: int, d: int, region: np.ndarray, reduce: bool) -> np.ndarray:
+    def rhd_phase(self, stride: int, d: int, region: np.ndarray, reduce: bool,
+                  native: bool = False) -> np.ndarray:
+        """Recursive halving (``reduce``) or doubling along a dimension; ``native``: with the
+        library's per-message cost and reduction rate (MPICH's own halving/doubling)."""
         if d <= 1:
             return np.zeros_like(region)
+        over = self.native_over if native else self.over
         p = 1 << (d.bit_length() - 1)
         total = np.zeros_like(region)
         if d > p:  # fold in (reduce-scatter) or out (all-gather): whole region, one message
-            t = self.step(self._pair_terms(stride, d, "fold", 0), region) + self.over
-            total += t + (self.reduce_time(region) if reduce else 0.0)
+            t = self.step(self._pair_terms(stride, d, "fold", 0), region) + over
+            total += t + (self.reduce_time(region, native) if reduce else 0.0)
         part = region.copy()
         mask = p >> 1
         while mask:
             part = part / 2
-            t = self.step(self._pair_terms(stride, d, "mask", mask), part) + 2 * self.over
-            total += t + (self.reduce_time(part) if reduce else 0.0)
+            t = self.step(self._pair_terms(stride, d, "mask", mask), part) + 2 * over
+            total += t + (self.reduce_time(part, native) if reduce else 0.0)
             mask >>= 1
         return total
 
@@ -236,19 +262,39 @@ class Model:
         MPICH chooses between by size."""
         if d <= 1:
             return np.zeros_like(region)
-        halving = self.rhd_phase(stride, d, region, True) + self.rhd_phase(stride, d, region,
-                                                                           False)
+        mpich = self.cluster.native_model == "mpich"
+        halving = (self.rhd_phase(stride, d, region, True, mpich)
+                   + self.rhd_phase(stride, d, region, False, mpich))
+        over = self.native_over if mpich else self.over
         p = 1 << (d.bit_length() - 1)
         doubling = np.zeros_like(region)
         if d > p:
-            fold = self.step(self._pair_terms(stride, d, "fold", 0), region) + self.over
-            doubling += 2 * fold + self.reduce_time(region)
+            fold = self.step(self._pair_terms(stride, d, "fold", 0), region) + over
+            doubling += 2 * fold + self.reduce_time(region, mpich)
         mask = p >> 1
         while mask:
             doubling += (self.step(self._pair_terms(stride, d, "mask", mask), region)
-                         + 2 * self.over + self.reduce_time(region))
+                         + 2 * over + self.reduce_time(region, mpich))
             mask >>= 1
-        return np.minimum(halving, doubling)
+        if not mpich:
+            return np.minimum(halving, doubling)
+        # MPICH (MPIR_Allreduce_intra_recursive_doubling / _reduce_scatter_allgather): recursive
+        # doubling up to MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE (2048 bytes), Rabenseifner above.
+        # Both malloc a temporary buffer of the whole message per call and receive into it.
+        # A slowest rank touches all of it (doubling, or a folded world) or 1 - 1/p of it.
+        touched = np.where(region <= MPICH_SHORT_BYTES, region,
+                           region if d > p else region * (1.0 - 1.0 / p))
+        return (np.where(region <= MPICH_SHORT_BYTES, doubling, halving)
+                + self.fresh_pages_time(region, touched))
+
+    def fresh_pages_time(self, allocated: np.ndarray, touched: np.ndarray) -> np.ndarray:
+        """Page faults of a temporary buffer of ``allocated`` bytes, ``touched`` of them
+        written: only where the C library maps it afresh (at or above its mmap threshold;
+        below, freed memory is reused and already mapped)."""
+        c = self.cluster
+        if c.page_fault_gbs <= 0:
+            return np.zeros_like(allocated)
+        return np.where(allocated >= c.mmap_threshold, touched / (c.page_fault_gbs * 1e9), 0.0)
 
     # -- algorithms ------------------------------------------------------------------
 
@@ -521,133 +567,301 @@ def measure_memory_gbs(nbytes: int = 8 << 20, repeats: int = 5) -> float:
     return 3 * nbytes / best / 1e9
 
 
-#: Message sizes of the measured bandwidth and memory curves (bytes).
-CURVE_SIZES: tuple[int, ...] = tuple(4 << (2 * k) for k in range(5, 13))  # 4 KiB .. 64 MiB
+#: Message sizes of the measured curves (bytes): every power of two, 4 KiB .. 64 MiB, so
+#: that interpolation between points stays within a factor of two of a measurement.
+CURVE_SIZES: tuple[int, ...] = tuple(1 << k for k in range(12, 27))
 
 
-def measure(comm: Any, small: int = 8, iters: int = 10,
-            sizes: Sequence[int] = CURVE_SIZES) -> Cluster:
-    """Calibrate by a quick in-process measurement (collective over ``comm``; seconds).
+def measure(comm: Any, sizes: Sequence[int] = CURVE_SIZES, reps: int = 7,
+            small: int = 8) -> Cluster:
+    """Calibrate the model's primitives on this machine (collective over ``comm``; about a
+    second at 2 ranks). Every primitive is timed with all ranks doing it at once, as they
+    do in an allreduce, so the time-sharing of more ranks than cores
+    (``os.sched_getaffinity``) and the machine's other load are in the figures; each time is
+    the slowest rank's, median of ``reps``. Nothing here runs an allreduce: the figures are
+    the parts the model adds up, never the algorithms' own times.
 
-    - latency and bandwidth of every pair of ranks by a simultaneous exchange (both ranks
-      send and receive at once, as in every step of the algorithms; on shared memory the two
-      directions share the copying CPUs and memory), in rounds of disjoint pairs, at
-      ``small`` bytes and at each of ``sizes``: MPI libraries switch protocols with the
-      message size, so bandwidth is kept as a curve (the link matrix holds the largest);
-    - the reduction rate (``dst += src``) at each size (caches);
-    - the software cost per message, from an 8-byte ``multiring`` allreduce over the whole
-      world: its 2(n−1) steps cost 2(n−1)·(latency + overhead).
+    - per-message software cost: a tiny exchange through ``MpiTransport`` (the Python and
+      MPI call path every algorithm step pays: post a send and a receive, wait), and through
+      mpi4py's ``Sendrecv`` (one C call, as inside the library's own allreduce);
+    - point-to-point time by message size, as the algorithms move data: every rank sends
+      to one peer while receiving from another (a ring shift on one host; disjoint pairs,
+      level by level, across hosts), and the buffer sent was written by a reduction
+      (``reduce_into``) just before, as in every reduce-scatter step;
+    - the reduction rate by size: the backend's ``reduce_into`` (ours) and
+      ``MPI.Op.Reduce_local`` (the library's own);
+    - first touch of freshly mapped pages (the library's per-call temporary buffer).
 
     Every rank returns the same ``Cluster``."""
-    from dataclasses import replace
+    import os
 
-    from mpi4py import MPI
-
-    n, rank = comm.Get_size(), comm.Get_rank()
-    sizes = sorted(sizes)
-    bw = np.zeros((n, n))
-    lat = np.zeros((n, n))
-    curves = np.zeros((n, n, len(sizes)))
-    names = comm.allgather(MPI.Get_processor_name())
-    ids: dict[str, int] = {}
-    hosts = [ids.setdefault(h, len(ids)) for h in names]
-    # Rounds of disjoint pairs (i, i ^ shift) for shifts 1..n-1 cover every pair.
-    for shift in range(1, 1 << max(0, (n - 1).bit_length())):
-        partner = rank ^ shift
-        res: tuple[float, list[float]] = (0.0, [0.0] * len(sizes))
-        if partner < n:
-            res = _exchange(comm, partner, small, sizes, iters)
-        for r, (a, (t_lat, gbs)) in enumerate(comm.allgather((partner, res))):
-            if a < n:
-                lat[r, a], curves[r, a] = t_lat, gbs
-                bw[r, a] = gbs[-1]
-    mem_curve = [(nb, float(np.median(comm.allgather(measure_memory_gbs(max(nb, 1 << 16))))))
-                 for nb in sizes]
-    off = ~np.eye(n, dtype=bool)
-    alpha = _median(lat[off], 0.0) if n > 1 else 0.0
-    over = _ring_overhead(comm, alpha) if n > 1 else _post_cost()
-    cluster = calibrate((bw, lat), hosts=hosts, memory_gbs=mem_curve[-1][1], overhead_us=over,
-                        name="measured")
-    same = np.array([[hosts[i] == hosts[j] for j in range(n)] for i in range(n)]) & off
-    levels = []
-    for lv, mask in zip(cluster.levels, (same, off & ~same)):
-        pts = curves[mask]
-        curve = tuple((nb, float(np.median(pts[:, k]))) for k, nb in enumerate(sizes)
-                      if pts.size and np.median(pts[:, k]) > 0)
-        # The overhead came from the ring net of the measured latency: keep that latency.
-        levels.append(replace(lv, curve=curve, latency_us=_median(lat[mask], lv.latency_us)))
-    return replace(cluster, levels=tuple(levels), memory_curve=tuple(mem_curve))
-
-
-def _exchange(comm: Any, peer: int, small: int, sizes: Sequence[int],
-              iters: int) -> tuple[float, list[float]]:
-    """(latency µs, [bandwidth GB/s per size]) to ``peer`` when both send to each other at
-    once: the textbook exchange (median of ``iters``; fewer for the largest messages).
-
-    The same buffers are sent again unchanged. The algorithms send data they have just
-    reduced; on this project's VM such freshly written buffers move several times slower
-    (BENCHMARKS.md, issue 6), and the model does not capture that."""
-    def timed(size: int, reps: int) -> float:
-        sbuf = np.zeros(max(1, size), dtype=np.uint8)
-        rbuf = np.zeros_like(sbuf)
-        comm.Sendrecv(sbuf, peer, 9, rbuf, peer, 9)  # warm-up (and first touch)
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            comm.Sendrecv(sbuf, peer, 9, rbuf, peer, 9)
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times))
-
-    t_small = timed(small, 2 * iters)
-    gbs = []
-    for size in sizes:
-        t = timed(size, iters if size <= 1 << 22 else max(3, iters // 3))
-        gbs.append(size / max(1e-9, t - t_small) / 1e9)
-    return t_small * 1e6, gbs
-
-
-def _ring_overhead(comm: Any, alpha_us: float, reps: int = 50) -> float:
-    """Software cost (µs) per ring step beyond the wire latency: an 8-byte ``multiring``
-    allreduce over ``comm`` (2(n−1) steps), slowest rank, median of ``reps``."""
-    from mpi4py import MPI
-
-    from collectives import Communicator
-
-    n = comm.Get_size()
-    c = Communicator(comm)
-    buf = np.zeros(2, dtype=np.float32)
-    for _ in range(5):
-        c.allreduce(buf, algorithm="multiring", rings=1)
-    local = np.empty(reps)
-    for i in range(reps):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        c.allreduce(buf, algorithm="multiring", rings=1)
-        local[i] = time.perf_counter() - t0
-    slowest = np.empty_like(local)
-    comm.Allreduce(local, slowest, op=MPI.MAX)
-    c.close()
-    per_step = float(np.median(slowest)) * 1e6 / (2 * (n - 1))
-    return max(0.0, per_step - alpha_us)
-
-
-def _post_cost(reps: int = 200) -> float:
-    """Software cost (µs) of posting and completing one message and one reduction call on
-    this process (the per-chunk work of the ring schedule), for a world of one rank."""
     from mpi4py import MPI
 
     from collectives.backend import get_backend
     from collectives.transport import MpiTransport
 
+    n, rank = comm.Get_size(), comm.Get_rank()
+    sizes = sorted(int(s) for s in sizes)
+    names = comm.allgather(MPI.Get_processor_name())
+    ids: dict[str, int] = {}
+    hosts = [ids.setdefault(h, len(ids)) for h in names]
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    per_host = max(1, n // max(1, len(ids)))
     be = get_backend("numpy")
-    t = MpiTransport(MPI.COMM_SELF, be)
-    a = np.zeros(16, dtype=np.float32)
-    b = np.zeros_like(a)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        t.start([(a, 0, 1)], [(b, 0, 1)]).wait()
-        be.reduce_into(a, b, "sum")
-    return (time.perf_counter() - t0) / reps * 1e6
+    tr = MpiTransport(comm, be)
+    timer = _Timer(comm, reps)
+
+    # -- point to point: one pattern per level (kind 0 within a host, 1 between hosts) --
+    patterns: list[tuple[int, int | None, int | None]] = []  # (kind, send to, receive from)
+    if len(ids) == 1:
+        if n > 1:
+            patterns.append((0, (rank + 1) % n, (rank - 1) % n))
+    else:
+        seen: set[int] = set()
+        for shift in range(1, 1 << (n - 1).bit_length()):
+            peer = rank ^ shift
+            kinds = {int(hosts[r] != hosts[r ^ shift]) for r in range(n) if r ^ shift < n}
+            if kinds <= seen:
+                continue  # a level already measured: one round per level is enough
+            seen |= kinds
+            ok = peer < n
+            kind = int(ok and hosts[peer] != hosts[rank])
+            patterns.append((kind if ok else -1, peer if ok else None, peer if ok else None))
+    tiny: dict[int, list[float]] = {0: [], 1: []}
+    curves: dict[int, list[np.ndarray]] = {0: [], 1: []}
+    c_tiny: list[float] = []
+    for kind, dst, src in patterns:
+        t_tiny, t_c, per_size = _pattern_times(comm, tr, timer, dst, src, sizes, reps)
+        # Every rank learns every rank's figures; each kind keeps its slowest rank's.
+        for (k, tt, tc, ps) in comm.allgather((kind, t_tiny, t_c, per_size)):
+            if k >= 0:
+                tiny[k].append(tt)
+                curves[k].append(np.array(ps))
+                c_tiny.append(tc)
+
+    # -- reductions and fresh pages, all ranks at once ---------------------------------
+    mem_times: list[float] = []
+    native_times: list[float] = []
+    for size in sizes:
+        a = np.zeros(max(1, size // 4), dtype=np.float32)
+        b = np.zeros_like(a)
+        r = _reps(size, reps)
+
+        def ours(a: Any = a, b: Any = b) -> None:
+            be.reduce_into(a, b, "sum")
+
+        def theirs(a: Any = a, b: Any = b) -> None:
+            MPI.SUM.Reduce_local(b, a)
+
+        ours()
+        theirs()
+        mem_times.append(timer.slowest(ours, reps=r))
+        native_times.append(timer.slowest(theirs, reps=r))
+    # As GB/s of the three arrays a reduction touches; times made non-decreasing in size.
+    mem_curve = [(b, 3 * b / max(1e-9, t) / 1e9) for b, t in zip(sizes, _monotone(mem_times))]
+    native_curve = [(b, 3 * b / max(1e-9, t) / 1e9)
+                    for b, t in zip(sizes, _monotone(native_times))]
+    fault_gbs = _fresh_pages_gbs(comm, tr, timer, patterns[0][1:] if patterns else None)
+
+    # -- the cluster -------------------------------------------------------------------
+    # Moving more bytes never takes less time: noise that says otherwise (a burst of other
+    # work during one size) is pooled with its neighbours (isotonic regression).
+    t_sizes = {k: _monotone(np.max(np.stack(v), axis=0)) for k, v in curves.items() if v}
+    t_small = {k: min(float(np.max(tiny[k])), float(t_sizes[k][0])) for k in t_sizes}
+    # Per message: half a tiny exchange step (one send and one receive posted and waited).
+    over = 0.5 * min(t_small.values()) if t_small else 0.5 * timer.local(
+        lambda: tr.start([], []).wait())
+    levels = []
+    for kind, (name, size) in enumerate((("host", per_host if len(ids) > 1 else n),
+                                         ("network", len(ids)))):
+        if kind not in t_sizes or (kind == 1 and len(ids) == 1):
+            continue
+        t_s = t_sizes[kind]
+        extra = t_small[kind] - 2 * over  # wire latency beyond the fastest level's
+        # Seconds per byte beyond the tiny step's fixed cost; never below 1/1000 of it.
+        per_byte = np.maximum(t_s - t_small[kind], 1e-3 * t_small[kind]) / np.array(sizes)
+        curve = tuple((s, float(1e-9 / pb)) for s, pb in zip(sizes, per_byte))
+        levels.append(Level(name, size, curve[-1][1], max(0.0, extra) * 1e6, 1.0, True,
+                            "measured", curve=curve))
+    if not levels:  # one rank: nothing to send; keep the shape of a one-level cluster
+        levels.append(Level("host", max(1, n), 1.0, 0.0, 1.0, True, "measured"))
+    ranks_here = n // max(1, len(ids))
+    return Cluster(
+        name="measured", levels=tuple(levels), memory_gbs=mem_curve[-1][1],
+        overhead_us=over * 1e6, memory_curve=tuple(mem_curve),
+        native_model="mpich",
+        native_overhead_us=0.5 * float(np.max(c_tiny)) * 1e6 if c_tiny else over * 1e6,
+        native_memory_curve=tuple(native_curve), page_fault_gbs=fault_gbs,
+        description=f"measured: {n} ranks, {ranks_here} per host on {cores} cores "
+                    f"(time-sharing factor {max(1.0, ranks_here / cores):.1f}, in the figures)")
+
+
+def _pattern_times(comm: Any, tr: Any, timer: _Timer, dst: int | None, src: int | None,
+                   sizes: Sequence[int], reps: int) -> tuple[float, float, list[float]]:
+    """This rank's times (s) of one exchange pattern (send to ``dst`` while receiving from
+    ``src``; ``None``: idle this round): a tiny step through the transport, a tiny
+    ``Sendrecv``, and a step of each size whose send buffer a reduction has just written."""
+    active = dst is not None and src is not None
+    zero = np.zeros(2, dtype=np.float32)
+    rbuf = np.zeros_like(zero)
+    sends = [(zero, dst, 5)] if active else []
+    recvs = [(rbuf, src, 5)] if active else []
+    loops = 20
+
+    def tiny_steps() -> None:
+        for _ in range(loops):
+            tr.start(sends, recvs).wait()
+
+    def c_steps() -> None:
+        for _ in range(loops):
+            if active:
+                comm.Sendrecv(zero, dst, 6, rbuf, src, 6)
+
+    t_tiny = timer.local(tiny_steps) / loops
+    t_c = timer.local(c_steps) / loops
+    per_size = []
+    reduce_into = tr.backend.reduce_into
+    for size in sizes:
+        # Buffers of the message's size, allocated as an algorithm allocates its scratch
+        # (NumPy backs those of 4 MiB and more with huge pages) and written through once, so
+        # that no timed step pays for first-touch page faults.
+        sbuf, other, recv = (np.ones(max(1, size // 4), dtype=np.float32) for _ in range(3))
+        for w in (sbuf, other, recv):
+            w[:] = 0.0
+        s_list = [(sbuf, dst, 7)] if active else []
+        r_list = [(recv, src, 7)] if active else []
+
+        def exchange(s_list: Any = s_list, r_list: Any = r_list) -> None:
+            tr.start(s_list, r_list).wait()
+
+        def dirty(sbuf: Any = sbuf, other: Any = other) -> None:
+            reduce_into(sbuf, other, "sum")  # zeros: the values never change
+
+        # A reduction writes the buffer (untimed), a barrier, then the exchange is timed.
+        # Timing reduction + exchange back to back and taking off the reduction timed alone
+        # was tried too: it also catches the penalty this VM sometimes puts on sending
+        # freshly written data, but the partner's skew lands in it, and it over-predicted
+        # 2-3x as often as it helped (BENCHMARKS.md, issue 6).
+        exchange()  # first touch, protocol set-up
+        per_size.append(timer.local(exchange, before=dirty, reps=_reps(size, reps)))
+    return t_tiny, t_c, per_size
+
+
+def _monotone(values: Iterable[float]) -> np.ndarray:
+    """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent
+    violators)."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in map(float, values):
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return np.concatenate([np.full(int(c), t / c) for t, c in blocks])
+
+
+def _reps(size: int, reps: int) -> int:
+    """Fewer repetitions for the largest sizes (each takes milliseconds)."""
+    return reps if size <= 1 << 22 else max(3, reps - 2)
+
+
+class _Timer:
+    """Times a step on every rank at once: barrier, step, slowest rank; median of reps."""
+
+    def __init__(self, comm: Any, reps: int) -> None:
+        self.comm = comm
+        self.reps = max(1, reps)
+
+    def local(self, step: Any, before: Any = None, reps: int | None = None) -> float:
+        """Median over reps of this rank's time (``before`` runs untimed, pre-barrier);
+        the caller gathers ranks."""
+        return float(np.median(self._times(step, before, reps)))
+
+    def slowest(self, step: Any, reps: int | None = None) -> float:
+        from mpi4py import MPI
+
+        times = self._times(step, None, reps)
+        worst = np.empty_like(times)
+        self.comm.Allreduce(times, worst, op=MPI.MAX)
+        return float(np.median(worst))
+
+    def _times(self, step: Any, before: Any, reps: int | None) -> np.ndarray:
+        out = np.empty(self.reps if reps is None else max(1, reps))
+        clock = time.perf_counter
+        for i in range(out.size):
+            if before is not None:
+                before()
+            self.comm.Barrier()
+            t0 = clock()
+            step()
+            out[i] = clock() - t0
+        return out
+
+
+def _fresh_pages_gbs(comm: Any, tr: Any, timer: _Timer, pattern: tuple[Any, Any] | None,
+                     nbytes: int = 32 << 20) -> float:
+    """GB/s of pages a receive into a freshly mapped buffer costs beyond the same receive
+    into a mapped one (the page faults of the library's per-call temporary buffer; all
+    ranks at once). With nobody to exchange with, the first touch of fresh pages."""
+    import mmap
+
+    dst, src = pattern if pattern is not None else (None, None)
+    sbuf = np.zeros(nbytes // 4, dtype=np.float32)
+    warm = np.zeros_like(sbuf)
+    active = dst is not None and src is not None
+
+    def into(buf: Any) -> None:
+        if active:
+            tr.start([(sbuf, dst, 8)], [(buf, src, 8)]).wait()
+        else:
+            buf[::mmap.PAGESIZE // 4] = 1
+
+    def fresh() -> None:
+        # Private anonymous pages, as malloc maps a large block (the mmap module's default
+        # is shared memory, whose pages fault about 1.5x slower here).
+        mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        view = np.frombuffer(mm, dtype=np.float32)
+        into(view)
+        del view
+        mm.close()
+
+    into(warm)
+    extra = timer.slowest(fresh, reps=3) - timer.slowest(lambda: into(warm), reps=3)
+    return nbytes / max(1e-9, extra) / 1e9
+
+
+def combine(runs: Sequence[Cluster]) -> Cluster:
+    """The median of several calibrations of the same world, figure by figure (the machine
+    is shared: a median is robust to a burst of load during one of them)."""
+    from dataclasses import replace
+
+    if not runs:
+        raise ValueError("combine: no calibrations")
+    first = runs[0]
+
+    def med(values: Iterable[float]) -> float:
+        return float(np.median(list(values)))
+
+    def curve(get: Any) -> tuple[tuple[int, float], ...]:
+        points = [get(r) for r in runs]
+        return tuple((b, med(p[k][1] for p in points)) for k, (b, _) in enumerate(points[0]))
+
+    levels = []
+    for j, lv in enumerate(first.levels):
+        levels.append(replace(
+            lv, bandwidth_gbs=med(r.levels[j].bandwidth_gbs for r in runs),
+            latency_us=med(r.levels[j].latency_us for r in runs),
+            curve=curve(lambda r, j=j: r.levels[j].curve)))
+    return replace(
+        first, levels=tuple(levels), memory_gbs=med(r.memory_gbs for r in runs),
+        overhead_us=med(r.overhead_us for r in runs),
+        native_overhead_us=med(r.native_overhead_us or r.overhead_us for r in runs),
+        memory_curve=curve(lambda r: r.memory_curve),
+        native_memory_curve=curve(lambda r: r.native_memory_curve),
+        page_fault_gbs=med(r.page_fault_gbs for r in runs))
 
 
 # -- the tuner's warm start ------------------------------------------------------------

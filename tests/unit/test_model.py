@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from autotune.cluster import Cluster, Level, cluster_from_dict, load_cluster, workload_from_dict
-from autotune.model import Model, best_guesses, calibrate
+from autotune.model import Model, _monotone, best_guesses, calibrate, combine
 from collectives.algorithms import get_algorithm
 
 ROOT = __file__.rsplit("/tests/", 1)[0]
@@ -32,7 +32,8 @@ def test_ring_matches_the_textbook_formula() -> None:
     t = Model(c).time("multiring", {"rings": 1, "chunk_bytes": 0}, [size])[0]
     alpha, over, bw, red = 2e-6, 3e-6, 10e9, 30e9 / 3
     seg = size / n
-    want = 2 * (n - 1) * (alpha + seg / bw + over) + (n - 1) * seg / red
+    # Every step posts one send and one receive: two messages' software cost.
+    want = 2 * (n - 1) * (alpha + seg / bw + 2 * over) + (n - 1) * seg / red
     assert t == pytest.approx(want, rel=1e-9)
 
 
@@ -197,7 +198,7 @@ GOOD = {"name": "x", "ranks": 8, "memory_gbs": 100,
 
 def _bad(**change: object) -> dict:
     data = {k: (list(v) if isinstance(v, list) else v) for k, v in GOOD.items()}
-    data["levels"] = [dict(lv) for lv in GOOD["levels"]]  # type: ignore[union-attr]
+    data["levels"] = [dict(lv) for lv in GOOD["levels"]]  # type: ignore[union-attr,attr-defined]
     for key, value in change.items():
         if key.startswith("level1_"):
             data["levels"][1][key[7:]] = value  # type: ignore[index]
@@ -261,3 +262,106 @@ def test_calibrate_from_a_probed_topology_with_measured_links() -> None:
     assert [lv.bandwidth_gbs for lv in c.levels] == [10.0, 2.0]
     guesses = best_guesses(4, 1 << 20, topo)
     assert guesses and all(isinstance(p, dict) for _, p in guesses)
+
+
+def mpich_level(n: int) -> Cluster:
+    """One level with the figures a calibration on this machine fills in for ``native``."""
+    flat = ((1, 12.0), (1 << 30, 12.0))  # 12 GB/s of 3 arrays: reduction at 4 GB/s
+    return replace(one_level(n), native_model="mpich", native_overhead_us=1.0,
+                   native_memory_curve=flat, page_fault_gbs=0.5)
+
+
+def test_native_follows_mpich_choice_rates_and_temporary_buffer() -> None:
+    n = 4
+    m = Model(mpich_level(n))
+    alpha, o, bw, red, fault = 2e-6, 1e-6, 10e9, 4e9, 0.5e9
+
+    def rsag(size: float) -> float:
+        halves = [size / 2, size / 4]
+        return (sum(alpha + h / bw + 2 * o + h / red for h in halves)
+                + sum(alpha + h / bw + 2 * o for h in halves))
+
+    # Small: recursive doubling, the whole buffer each of log2(4) = 2 steps.
+    small = 1024
+    assert m.time("native", {}, [small])[0] == pytest.approx(
+        2 * (alpha + small / bw + 2 * o + small / red), rel=1e-9)
+    # Large, below glibc's mmap threshold: Rabenseifner, no page faults.
+    mid = 16 << 20
+    assert m.time("native", {}, [mid])[0] == pytest.approx(rsag(mid), rel=1e-9)
+    # At the threshold: the temporary buffer is mapped afresh; 3/4 of it is received into.
+    big = 64 << 20
+    assert m.time("native", {}, [big])[0] == pytest.approx(
+        rsag(big) + big * 0.75 / fault, rel=1e-9)
+    # Three ranks fold: the folded-into rank receives the whole buffer into fresh pages.
+    m3 = Model(mpich_level(3))
+    sizes = np.array([float(big)])
+    plain = m3.rhd_phase(1, 3, sizes, True, True) + m3.rhd_phase(1, 3, sizes, False, True)
+    assert m3.time("native", {}, sizes)[0] == pytest.approx(plain[0] + big / fault, rel=1e-9)
+    # Spec clusters keep the better of the two (what NCCL-like libraries approach).
+    assert one_level(n).native_model == "best"
+
+
+def test_native_uses_the_library_reduction_rate_and_message_cost() -> None:
+    m = Model(mpich_level(2))
+    sizes = np.array([1e6])
+    assert m.reduce_time(sizes, native=True)[0] == pytest.approx(1e6 / 4e9)
+    assert m.reduce_time(sizes)[0] == pytest.approx(1e6 / 10e9)
+    ours = m.rhd_phase(1, 2, sizes, False)[0]
+    theirs = m.rhd_phase(1, 2, sizes, False, native=True)[0]
+    assert ours - theirs == pytest.approx(2 * (3e-6 - 1e-6))
+
+
+def test_monotone_pools_adjacent_violators() -> None:
+    assert np.allclose(_monotone([1.0, 3.0, 2.0, 4.0]), [1.0, 2.5, 2.5, 4.0])
+    assert np.allclose(_monotone([5.0, 1.0, 1.0]), [7 / 3] * 3)
+    assert np.allclose(_monotone([1.0, 2.0, 3.0]), [1.0, 2.0, 3.0])
+
+
+def test_combine_takes_the_median_of_every_figure() -> None:
+    runs = []
+    for k in (1.0, 2.0, 9.0):
+        lv = replace(one_level(2).levels[0], bandwidth_gbs=k, curve=((4096, k), (1 << 20, 2 * k)))
+        runs.append(replace(one_level(2), levels=(lv,), overhead_us=k, memory_gbs=10 * k,
+                            memory_curve=((4096, k),), native_memory_curve=((4096, 3 * k),),
+                            native_model="mpich", native_overhead_us=k, page_fault_gbs=k))
+    c = combine(runs)
+    assert c.levels[0].curve == ((4096, 2.0), (1 << 20, 4.0))
+    assert c.levels[0].bandwidth_gbs == 2.0 and c.overhead_us == 2.0 and c.memory_gbs == 20.0
+    assert c.memory_curve == ((4096, 2.0),) and c.native_memory_curve == ((4096, 6.0),)
+    assert c.native_overhead_us == 2.0 and c.page_fault_gbs == 2.0
+    with pytest.raises(ValueError, match="no calibrations"):
+        combine([])
+
+
+def test_measure_on_one_rank_fills_every_primitive() -> None:
+    """The in-process calibration on a world of one (the MPI runs are the validation
+    script's): reduction curves, fresh pages, MPICH's native model; no exchange to time."""
+    from mpi4py import MPI
+
+    from autotune.model import measure
+
+    sizes = (4096, 1 << 16)
+    c = measure(MPI.COMM_SELF, sizes=sizes, reps=2)
+    assert c.ranks == 1 and c.native_model == "mpich"
+    assert [b for b, _ in c.memory_curve] == list(sizes)
+    assert [b for b, _ in c.native_memory_curve] == list(sizes)
+    assert all(g > 0 for _, g in c.memory_curve + c.native_memory_curve)
+    assert c.page_fault_gbs > 0 and c.overhead_us >= 0
+    # Non-decreasing reduction time with size, after pooling noise.
+    times = [3 * b / g for b, g in c.memory_curve]
+    assert times == sorted(times)
+
+
+def test_concurrent_rings_read_a_measured_curve_at_their_total_size() -> None:
+    """On a measured level one CPU copies all of a rank's flows: two rings of 512 KiB cost
+    what one 1 MiB message costs (the curve is read at 1 MiB, not at 512 KiB)."""
+    lv = replace(one_level(2).levels[0], bandwidth_gbs=4.0,
+                 curve=((1 << 16, 1.0), (1 << 20, 4.0)))
+    m = Model(replace(one_level(2), levels=(lv,)))
+    size = 2 << 20
+    seg = size / 4                       # per flow: half a block, two rings
+    alpha, over, red = 2e-6, 3e-6, 30e9 / 3
+    t = alpha + 2 * seg / 4e9            # two flows at the 1 MiB point, 4 GB/s
+    want = (t + size / 2 / red + 4 * over) + (t + 4 * over)
+    got = m.time("multiring", {"rings": 2, "chunk_bytes": 0}, [size])[0]
+    assert got == pytest.approx(want, rel=1e-9)
