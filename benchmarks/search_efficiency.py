@@ -25,8 +25,8 @@ from typing import Any
 from mpi4py import MPI
 
 from autotune import space
+from autotune.driver import make_sampler as _make_sampler
 from autotune.objective import COMPLETE, Timing, busbw, evaluate, timing_for
-from autotune.study import _make_sampler
 from collectives import Communicator
 from collectives.bench import parse_size, time_allreduce
 from collectives.profile import builtin_profile

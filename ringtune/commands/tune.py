@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ..errors import CommandFailed, UsageError
 
 if TYPE_CHECKING:
-    from autotune.study import TuneOptions
+    from autotune.records import TuneOptions
 
 HELP = "tune allreduce on this machine and write a profile"
 
@@ -72,7 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _options(args: argparse.Namespace) -> TuneOptions:
     """Validate the flags (before any MPI start-up, so errors print once)."""
-    from autotune.study import TuneOptions, power_of_4_buckets
+    from autotune.naming import power_of_4_buckets
+    from autotune.records import TuneOptions
     from collectives.bench import parse_size
     from collectives.ops import DTYPES, OPS
     from collectives.profile import check_writable

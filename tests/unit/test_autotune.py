@@ -11,19 +11,11 @@ import optuna
 import pytest
 
 from autotune import space
+from autotune.choose import build_profile, rule_bounds
+from autotune.naming import default_storage, power_of_4_buckets, study_name
 from autotune.objective import timing_for
+from autotune.records import BucketSummary, Choice, TuneOptions, TuneResult
 from autotune.report import markdown_table, rule_table, write_report
-from autotune.study import (
-    BucketSummary,
-    Choice,
-    TuneOptions,
-    TuneResult,
-    build_profile,
-    default_storage,
-    power_of_4_buckets,
-    rule_bounds,
-    study_name,
-)
 from autotune.watchdog import Watchdog
 from collectives.algorithms import get_algorithm
 from collectives.profile import profile_from_dict

@@ -1,0 +1,134 @@
+"""Choosing each bucket's configuration and building the profile from the choices.
+
+Use ``ab_choice`` after the search, on every rank (it is collective): it re-measures a
+bucket's best candidates and its neighbours' winners against ``native``, interleaved A/B,
+and keeps a non-native choice only when it beats native by ``--margin``. Use
+``rule_bounds`` and ``build_profile`` to turn the choices into the profile mapping (one rule
+per bucket, adjacent equal choices merged).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from collectives import Communicator, __version__
+from collectives.bench import time_allreduce
+from collectives.profile import FORMAT, VERSION
+
+from . import space
+from .objective import busbw, timing_for
+from .records import BucketSummary, Choice, TuneOptions
+
+#: Share of ``--budget`` kept for the final A/B re-measurement.
+AB_SHARE = 0.15
+#: Interleaved A/B rounds per bucket; each round times native and every candidate once.
+AB_ROUNDS = 3
+
+
+def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[BucketSummary],
+               i: int) -> Choice:
+    """Re-measure the bucket's best candidates (and its neighbours' winners) against
+    ``native``, interleaved A/B; a non-native choice must beat native by ``margin``."""
+    from collectives.bench import check_allreduce
+
+    s = summaries[i]
+    n = runtime.size
+    nbytes = s.nbytes
+    itemsize = 2 if opts.dtype == "bfloat16" else int(__import__("numpy").dtype(
+        opts.dtype).itemsize)
+    count = nbytes // itemsize
+    cands: list[tuple[str, dict[str, Any]]] = []
+    keys = {space.config_key("native", {})}
+    own = [(a, p) for a, p, _ in s.top[:2]]
+    borrowed = [(a, p) for j in (i - 1, i + 1) if 0 <= j < len(summaries)
+                for a, p, _ in summaries[j].top[:1]]
+    for a, p in own + borrowed:
+        k = space.config_key(a, p)
+        if k in keys:
+            continue
+        if (a, p) not in own:
+            # A neighbour's winner was checked at its own size only.
+            ok = check_allreduce(runtime, count, opts.dtype, opts.op, a, p).ok
+            runtime.clear_plans()
+            if not ok:
+                continue
+        keys.add(k)
+        cands.append((a, p))
+    sample = time_allreduce(runtime, count, opts.dtype, opts.op, "native", {}, warmup=1,
+                            iters=3)
+    timing = timing_for(sample.time_us, target_s=0.1)
+    everyone: list[tuple[str, dict[str, Any]]] = [("native", {})] + cands
+    times: list[list[float]] = [[] for _ in everyone]
+    for _ in range(AB_ROUNDS if cands else 1):
+        for j, (a, p) in enumerate(everyone):
+            m = time_allreduce(runtime, count, opts.dtype, opts.op, a, p,
+                               warmup=timing.warmup, iters=timing.iters)
+            times[j].append(m.time_us)
+    runtime.clear_plans()
+    med = [sorted(t)[len(t) // 2] for t in times]
+    native_t = med[0]
+    best_j = min(range(len(everyone)), key=lambda j: med[j])
+    if best_j != 0 and med[best_j] * (1 + opts.margin) > native_t:
+        best_j = 0  # not a clear enough win over native: keep the library's own
+    a, p = everyone[best_j]
+    return Choice(nbytes, a, dict(p), med[best_j], native_t, busbw(nbytes, med[best_j], n),
+                  busbw(nbytes, native_t, n),
+                  [(everyone[j][0], dict(everyone[j][1]), med[j]) for j in range(len(med))])
+
+
+def rule_bounds(buckets: Sequence[int]) -> list[tuple[int, int | None]]:
+    """Size range of each bucket's rule: from the geometric midpoint with the previous
+    bucket (0 for the first) to just below the midpoint with the next (open for the last)."""
+    starts = [0] + [int(math.sqrt(a * b)) for a, b in zip(buckets, buckets[1:])]
+    return [(lo, starts[k + 1] - 1 if k + 1 < len(starts) else None)
+            for k, lo in enumerate(starts)]
+
+
+def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
+                  summaries: Sequence[BucketSummary], choices: Sequence[Choice],
+                  seconds: float, algorithms: Sequence[str]) -> dict[str, Any]:
+    """The profile mapping: one rule per bucket, adjacent equal choices merged."""
+    rules: list[dict[str, Any]] = []
+    for (lo, hi), c in zip(rule_bounds([s.nbytes for s in summaries]), choices):
+        measured = {"bytes": c.nbytes, "busbw_gbps": round(c.busbw_gbps, 4),
+                    "time_us": round(c.time_us, 2),
+                    "native_busbw_gbps": round(c.native_busbw_gbps, 4),
+                    "native_time_us": round(c.native_time_us, 2),
+                    "speedup": round(c.speedup, 3)}
+        if rules and rules[-1]["algorithm"] == c.algorithm and rules[-1]["params"] == c.params:
+            # Same choice as the previous bucket: one rule; keep the larger size's figures.
+            rules[-1]["max_bytes"] = hi
+            rules[-1]["measured"] = measured
+            continue
+        rules.append({"min_bytes": lo, "max_bytes": hi, "algorithm": c.algorithm,
+                      "params": dict(c.params), "measured": measured})
+    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "created": now.isoformat().replace("+00:00", "Z"),
+        "tool": {"name": "ringtune", "version": __version__},
+        "topology": dict(identity),
+        "backend": "numpy",
+        "transport": "mpi",
+        "dtype": opts.dtype,
+        "op": opts.op,
+        "rules": rules,
+        "tuning": {
+            "trials": sum(s.evaluated for s in summaries),
+            "seconds": round(seconds, 1),
+            "sampler": {"tpe": "TPESampler", "random": "RandomSampler",
+                        "grid": "grid (every configuration enqueued)"}[opts.sampler],
+            "seed": opts.seed,
+            "storage": opts.storage,
+            "study": summaries[0].study.rsplit("-", 3)[0] if summaries else opts.study,
+            "buckets": [s.nbytes for s in summaries],
+            "trials_per_bucket": opts.trials,
+            "budget_s": opts.budget_s,
+            "margin": opts.margin,
+            "algorithms": list(algorithms),
+        },
+    }

@@ -1,0 +1,46 @@
+"""Keeping the ranks of a tuning run in step: rank 0 decides, every rank follows or fails
+alike.
+
+Use ``on_root`` for any decision that changes control flow (rank 0 computes it, every rank
+gets the result or raises the same ``TuneError``), and ``abort`` when a rank cannot return
+(a trial hung past ``--trial-timeout``) and the whole world must stop with one message.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .records import TuneError
+
+
+def on_root(comm: Any, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on rank 0 and broadcast its result; if it raised, every rank raises the
+    same ``TuneError`` (so no rank is left waiting in the next collective)."""
+    payload: Any = None
+    if comm.Get_rank() == 0:
+        try:
+            payload = ("ok", fn())
+        except TuneError as exc:
+            payload = ("err", str(exc), exc.usage)
+        except (ValueError, TypeError, OSError) as exc:
+            payload = ("err", str(exc), True)
+        except Exception as exc:  # noqa: BLE001 - every rank must learn about it
+            payload = ("err", f"{type(exc).__name__}: {exc}", False)
+    payload = comm.bcast(payload, root=0)
+    if payload[0] == "err":
+        raise TuneError(payload[1], usage=payload[2])
+    return payload[1]
+
+
+ABORT_GRACE_S = 1.0
+
+
+def abort(comm: Any, message: str) -> None:
+    print(f"ringtune: error: {message}", file=sys.stderr, flush=True)
+    # The launcher forwards our stderr asynchronously and the abort kills every process at
+    # once: give the forwarding a moment so the message is not lost with them.
+    time.sleep(ABORT_GRACE_S)
+    comm.Abort(1)

@@ -1,0 +1,83 @@
+"""The records a tuning run passes around: what was asked, what each bucket found, what was
+chosen, and the failure every rank raises alike.
+
+Use these types to read or build the inputs and outputs of ``autotune.study.tune`` (the
+``ringtune tune`` command fills ``TuneOptions``; the report and the profile builder read
+``BucketSummary`` and ``Choice``). Plain data only: nothing here talks to MPI or Optuna.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class TuneError(Exception):
+    """A tuning failure raised identically on every rank. ``usage`` means bad input."""
+
+    def __init__(self, message: str, usage: bool = False) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+@dataclass
+class TuneOptions:
+    """What ``ringtune tune`` was asked for (see its ``--help``)."""
+
+    out: str
+    buckets: list[int]
+    trials: int = 30
+    budget_s: float = 240.0
+    storage: str | None = None
+    study: str | None = None
+    sampler: str = "tpe"
+    seed: int = 0
+    trial_timeout_s: float | None = 120.0
+    margin: float = 0.03
+    algorithms: list[str] | None = None
+    dtype: str = "float32"
+    op: str = "sum"
+    fresh: bool = False
+    report: str | None = None
+    progress: bool = True
+
+
+@dataclass
+class BucketSummary:
+    """What a bucket's study found (built on rank 0 from storage, broadcast to all)."""
+
+    nbytes: int
+    study: str
+    reason: str
+    evaluated: int
+    #: Best distinct COMPLETE configurations, fastest first: (algorithm, params, time_us).
+    top: list[tuple[str, dict[str, Any], float]] = field(default_factory=list)
+    #: Fastest COMPLETE configuration of each algorithm: name -> (params, time_us).
+    best_by_algorithm: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)
+
+
+@dataclass
+class Choice:
+    """The A/B outcome of one bucket."""
+
+    nbytes: int
+    algorithm: str
+    params: dict[str, Any]
+    time_us: float
+    native_time_us: float
+    busbw_gbps: float
+    native_busbw_gbps: float
+    candidates: list[tuple[str, dict[str, Any], float]] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float:
+        return self.native_time_us / self.time_us if self.time_us > 0 else 1.0
+
+
+@dataclass
+class TuneResult:
+    profile: dict[str, Any]
+    buckets: list[BucketSummary]
+    choices: list[Choice]
+    seconds: float
+    path: str
