@@ -56,7 +56,12 @@ def bfloat16_dtype() -> np.dtype | None:
         return None
     dt = np.dtype(ml_dtypes.bfloat16)
     try:
-        cupy.empty(1, dtype=dt)
+        # Run the kernel the backend would use: an older CuPy may allocate arrays of a dtype
+        # it has no C type for, and only fail when a kernel is compiled for it.
+        probe = cupy.zeros(2, dtype=dt)
+        cupy.ElementwiseKernel("T x", "T y", K.EW_OPS["sum"], "ringtune_sum_half")(
+            probe[:1], probe[1:])
+        cupy.cuda.get_current_stream().synchronize()
     except Exception:  # noqa: BLE001 - CuPy < 14 rejects the dtype
         return None
     return dt

@@ -44,7 +44,10 @@ class CudaOps:
         stream.wait_event(event)
 
     def done(self, event: Any) -> bool:
-        return bool(event.done)
+        # ``Event.done`` is a property in CuPy; should a version make it a method, a bare
+        # ``bool(event.done)`` would be always true and sends would leave before their copy.
+        flag = event.done
+        return bool(flag() if callable(flag) else flag)
 
     def sync_event(self, event: Any) -> None:
         """Block the host until ``event`` has happened."""

@@ -328,6 +328,10 @@ class StagedTransport(Transport):
         ops = self.ops
         nbytes = _nbytes(buf)
         if self._native_host is None or self._native_host.nbytes < nbytes:
+            if self._native_host is not None:
+                # The previous call's copy up may still read the old buffer, and CuPy's
+                # pinned pool hands a dropped buffer out again at once.
+                ops.sync_stream(self.h2d_stream)
             self._native_host = ops.pinned(nbytes)
         host = self._native_host
         ready = ops.new_event()
@@ -358,6 +362,11 @@ class StagedTransport(Transport):
     def close(self) -> None:
         while self.fifo:
             self.pump(block=True)
+        # Copies may still read or write the pinned buffers dropped below (a receive's copy
+        # up released with release_after, the native buffer): CuPy's pinned pool would
+        # hand them out again while the GPU still uses them.
+        self.ops.sync_stream(self.d2h_stream)
+        self.ops.sync_stream(self.h2d_stream)
         self.pool.clear()
         self._native_host = None
         if self._native_link is not None:

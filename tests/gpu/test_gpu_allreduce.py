@@ -180,6 +180,9 @@ def test_transports_move_data_to_self() -> None:
         for n in (0, 1, 999, 1000, 1001, 12345):
             src = cupy.arange(n, dtype=cupy.uint8)
             dst = cupy.zeros(n, dtype=cupy.uint8)
+            # Written on CuPy's current stream, which the backend's non-blocking stream does
+            # not follow: allreduce orders them (as_flat), a bare transport call does not.
+            cupy.cuda.get_current_stream().synchronize()
             p = t.start([(src, 0, 3)], [(dst, 0, 3)])
             p.wait_recv()
             p.wait()
@@ -187,6 +190,7 @@ def test_transports_move_data_to_self() -> None:
             if not bool((dst == src).all()):
                 fails.append(f"{t.name}: {n} bytes to self arrived wrong")
         buf = cupy.arange(7, dtype=cupy.float32)
+        cupy.cuda.get_current_stream().synchronize()
         t.native_allreduce(buf, "sum")
         be.synchronize()
         if cupy.asnumpy(buf).tolist() != list(range(7)):

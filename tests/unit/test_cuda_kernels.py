@@ -16,6 +16,7 @@ import ctypes
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -175,3 +176,48 @@ def test_sources_compile_with_nvcc(tmp_path: Path) -> None:
     ptx = (tmp_path / "k.ptx").read_text()
     for dtype, op in CASES:
         assert K.kernel_name(dtype, op) in ptx
+
+
+def test_bfloat16_is_claimed_only_when_its_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bfloat16_dtype`` must run the half kernel, not just allocate: an older CuPy may
+    allocate arrays of ml_dtypes' bfloat16 and fail only when compiling a kernel for it.
+    CuPy and ml_dtypes are faked (neither is needed here)."""
+    import importlib
+    import sys
+    import types
+
+    import collectives.cuda as cuda_pkg
+
+    state = {"compiles": False}
+    launched: list[str] = []
+
+    class FakeKernel:
+        def __init__(self, params_in: str, params_out: str, body: str, name: str) -> None:
+            self.body = body
+
+        def __call__(self, x: np.ndarray, y: np.ndarray) -> None:
+            if not state["compiles"]:
+                raise TypeError("Unsupported type bfloat16")
+            launched.append(self.body)
+
+    fake_cupy: Any = types.ModuleType("cupy")
+    fake_cupy.zeros = lambda n, dtype: np.zeros(n, dtype=dtype)  # allocation always works
+    fake_cupy.ElementwiseKernel = FakeKernel
+    fake_cupy.cuda = types.SimpleNamespace(
+        get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None))
+    fake_ml: Any = types.ModuleType("ml_dtypes")
+    fake_ml.bfloat16 = np.dtype("V2")
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setitem(sys.modules, "ml_dtypes", fake_ml)
+    monkeypatch.setattr(cuda_pkg, "backend", None, raising=False)
+    saved = sys.modules.pop("collectives.cuda.backend", None)
+    try:
+        mod = importlib.import_module("collectives.cuda.backend")
+        assert mod.bfloat16_dtype() is None
+        state["compiles"] = True
+        assert mod.bfloat16_dtype() == np.dtype("V2")
+        assert launched == [K.EW_OPS["sum"]]
+    finally:
+        sys.modules.pop("collectives.cuda.backend", None)
+        if saved is not None:
+            sys.modules["collectives.cuda.backend"] = saved

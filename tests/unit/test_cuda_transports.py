@@ -370,6 +370,78 @@ def test_native_allreduce_single_rank(self_comm: Any) -> None:
         t.close()
 
 
+def test_close_waits_for_copies_into_pinned_buffers(self_comm: Any) -> None:
+    """close() drops the pinned buffers: the copies still queued on them must be done first
+    (CuPy's pinned pool hands a dropped buffer out again at once)."""
+    ops = FakeOps()
+    be = FakeBackend(ops)
+    t = make("staged", self_comm, ops, be, piece=16)
+    spare = np.zeros(4)
+    for _ in range(30):  # a busy compute stream: the copies up wait behind it
+        be.copy_into(spare, spare)
+    src = np.arange(64, dtype=np.uint8)
+    dst = np.zeros(64, dtype=np.uint8)
+    p = t.start([(src, 0, 9)], [(dst, 0, 9)])
+    p.wait_recv()
+    p.wait()
+    assert t.h2d_stream.queue, "test set-up: the copies up should still be queued"
+    t.close()
+    assert not t.h2d_stream.queue and not t.d2h_stream.queue
+    be.synchronize()
+    assert np.array_equal(dst, src)
+
+
+def test_staged_native_waits_before_replacing_its_pinned_buffer(self_comm: Any) -> None:
+    """A bigger native allreduce replaces the pinned buffer only after the previous call's
+    copy up, which reads the old one, has run."""
+    ops = FakeOps()
+    be = FakeBackend(ops)
+    t = make("staged", self_comm, ops, be)
+    spare = np.zeros(4)
+    for _ in range(30):
+        be.copy_into(spare, spare)
+    small = np.arange(10, dtype=np.float32)
+    t.native_allreduce(small, "sum")
+    pending_at_alloc: list[int] = []
+    pinned = ops.pinned
+
+    def watched(nbytes: int) -> np.ndarray:
+        pending_at_alloc.append(len(t.h2d_stream.queue))
+        return pinned(nbytes)
+
+    ops.pinned = watched  # type: ignore[method-assign]
+    big = np.arange(5000, dtype=np.float32)
+    t.native_allreduce(big, "sum")
+    be.synchronize()
+    assert pending_at_alloc == [0]
+    assert np.array_equal(small, np.arange(10, dtype=np.float32))
+    assert np.array_equal(big, np.arange(5000, dtype=np.float32))
+    t.close()
+
+
+def test_cuda_ops_done_reads_the_event_whatever_its_kind() -> None:
+    """``CudaOps.done`` must query the event, whether ``done`` is a property (CuPy) or a
+    method: a bound method is always true and would let sends leave before their copy."""
+    from collectives.cuda.ops import CudaOps
+
+    class PropEvent:
+        def __init__(self, state: bool) -> None:
+            self.state = state
+
+        @property
+        def done(self) -> bool:
+            return self.state
+
+    class MethodEvent(PropEvent):
+        def done(self) -> bool:  # type: ignore[override]
+            return self.state
+
+    ops = CudaOps.__new__(CudaOps)  # no CuPy here: done() needs none
+    for kind in (PropEvent, MethodEvent):
+        assert ops.done(kind(True)) is True
+        assert ops.done(kind(False)) is False, kind.__name__
+
+
 class _Recorder:
     """A transport that records what each rank posts (messages complete at once)."""
 
