@@ -52,6 +52,14 @@ class _Prepared:
         self.backend = backend
 
 
+def _plan_key(flat: Any, op: str, backend: Backend, algorithm: str | None,
+              transport: str | None, params: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The plan-cache key of a call: (size, dtype, op, backend, choice). Parameters are
+    keyed by their repr, since values such as explicit ring orders are lists."""
+    return (flat.size, flat.dtype, op, backend.name, algorithm, transport,
+            repr(sorted(params.items())) if params else None)
+
+
 class Communicator:
     """Allreduce over an mpi4py communicator, choosing the algorithm per message size.
 
@@ -218,8 +226,7 @@ class Communicator:
         else:
             backend = backend_for(buf)
         flat = backend.as_flat(buf)
-        key = (flat.size, flat.dtype, op, backend.name, algorithm, transport,
-               repr(sorted(params.items())) if params else None)
+        key = _plan_key(flat, op, backend, algorithm, transport, params)
         if self.check_args:
             # Before preparing: building a plan can be collective (sub-communicators).
             self._check_agreement(key)
@@ -241,8 +248,7 @@ class Communicator:
         benchmark harness and overhead measurements). Collective on first use."""
         backend = backend_for(buf)
         flat = backend.as_flat(buf)
-        key = (flat.size, flat.dtype, op, backend.name, algorithm, transport,
-               repr(sorted(params.items())) if params else None)
+        key = _plan_key(flat, op, backend, algorithm, transport, params)
         return self._plans.get(key) or self._prepare(key, flat, backend, op, algorithm,
                                                      transport, params)
 
