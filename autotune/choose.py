@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,8 +41,22 @@ def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[Buck
     itemsize = 2 if opts.dtype == "bfloat16" else int(__import__("numpy").dtype(
         opts.dtype).itemsize)
     count = nbytes // itemsize
+    backend = opts.backend if opts.backend in ("numpy", "cupy") else "numpy"
+
+    def check(a: str, p: Mapping[str, Any]) -> bool:
+        own, transport = space.split_transport(p)
+        return check_allreduce(runtime, count, opts.dtype, opts.op, a, own,
+                               transport=transport, backend=backend).ok
+
+    def timed(a: str, p: Mapping[str, Any], warmup: int, iters: int) -> float:
+        # Each candidate is re-measured with its own transport (GPU configurations).
+        own, transport = space.split_transport(p)
+        return time_allreduce(runtime, count, opts.dtype, opts.op, a, own, warmup=warmup,
+                              iters=iters, transport=transport, backend=backend).time_us
+
+    native = native_config(opts, n)
     cands: list[tuple[str, dict[str, Any]]] = []
-    keys = {space.config_key("native", {})}
+    keys = {space.config_key(*native)}
     own = [(a, p) for a, p, _ in s.top[:2]]
     borrowed = [(a, p) for j in (i - 1, i + 1) if 0 <= j < len(summaries)
                 for a, p, _ in summaries[j].top[:1]]
@@ -51,22 +66,18 @@ def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[Buck
             continue
         if (a, p) not in own:
             # A neighbour's winner was checked at its own size only.
-            ok = check_allreduce(runtime, count, opts.dtype, opts.op, a, p).ok
+            ok = check(a, p)
             runtime.clear_plans()
             if not ok:
                 continue
         keys.add(k)
         cands.append((a, p))
-    sample = time_allreduce(runtime, count, opts.dtype, opts.op, "native", {}, warmup=1,
-                            iters=3)
-    timing = timing_for(sample.time_us, target_s=0.1)
-    everyone: list[tuple[str, dict[str, Any]]] = [("native", {})] + cands
+    timing = timing_for(timed(*native, warmup=1, iters=3), target_s=0.1)
+    everyone: list[tuple[str, dict[str, Any]]] = [native] + cands
     times: list[list[float]] = [[] for _ in everyone]
     for _ in range(AB_ROUNDS if cands else 1):
         for j, (a, p) in enumerate(everyone):
-            m = time_allreduce(runtime, count, opts.dtype, opts.op, a, p,
-                               warmup=timing.warmup, iters=timing.iters)
-            times[j].append(m.time_us)
+            times[j].append(timed(a, p, timing.warmup, timing.iters))
     runtime.clear_plans()
     med = [sorted(t)[len(t) // 2] for t in times]
     native_t = med[0]
@@ -77,6 +88,14 @@ def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[Buck
     return Choice(nbytes, a, dict(p), med[best_j], native_t, busbw(nbytes, med[best_j], n),
                   busbw(nbytes, native_t, n),
                   [(everyone[j][0], dict(everyone[j][1]), med[j]) for j in range(len(med))])
+
+
+def native_config(opts: TuneOptions, world_size: int) -> tuple[str, dict[str, Any]]:
+    """The reference every choice must beat: ``native``, on GPU buffers with the best
+    transport every rank has (NCCL's allReduce where ``nccl`` is available)."""
+    if opts.transports and world_size > 1:
+        return "native", {space.TRANSPORT_PARAM: opts.transports[0]}
+    return "native", {}
 
 
 def rule_bounds(buckets: Sequence[int]) -> list[tuple[int, int | None]]:
@@ -90,21 +109,42 @@ def rule_bounds(buckets: Sequence[int]) -> list[tuple[int, int | None]]:
 def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
                   summaries: Sequence[BucketSummary], choices: Sequence[Choice],
                   seconds: float, algorithms: Sequence[str]) -> dict[str, Any]:
-    """The profile mapping: one rule per bucket, adjacent equal choices merged."""
+    """The profile mapping: one rule per bucket, adjacent equal choices merged.
+
+    Host buffers: ``backend: numpy``, ``transport: mpi``. GPU buffers (``opts.backend``
+    ``cupy``): ``backend: cupy``, the top-level ``transport`` is the one most rules use, and
+    a rule whose transport differs names its own."""
+    gpu = opts.backend == "cupy"
     rules: list[dict[str, Any]] = []
     for (lo, hi), c in zip(rule_bounds([s.nbytes for s in summaries]), choices):
+        params, transport = space.split_transport(c.params)
         measured = {"bytes": c.nbytes, "busbw_gbps": round(c.busbw_gbps, 4),
                     "time_us": round(c.time_us, 2),
                     "native_busbw_gbps": round(c.native_busbw_gbps, 4),
                     "native_time_us": round(c.native_time_us, 2),
                     "speedup": round(c.speedup, 3)}
-        if rules and rules[-1]["algorithm"] == c.algorithm and rules[-1]["params"] == c.params:
+        if gpu and transport is None:
+            # A configuration without one (a world of one rank) ran with the best transport.
+            transport = (opts.transports or ["staged"])[0]
+        if (rules and rules[-1]["algorithm"] == c.algorithm and rules[-1]["params"] == params
+                and rules[-1].get("transport") == transport):
             # Same choice as the previous bucket: one rule; keep the larger size's figures.
             rules[-1]["max_bytes"] = hi
             rules[-1]["measured"] = measured
             continue
-        rules.append({"min_bytes": lo, "max_bytes": hi, "algorithm": c.algorithm,
-                      "params": dict(c.params), "measured": measured})
+        rule: dict[str, Any] = {"min_bytes": lo, "max_bytes": hi, "algorithm": c.algorithm,
+                                "params": params}
+        if gpu:
+            rule["transport"] = transport
+        rule["measured"] = measured
+        rules.append(rule)
+    default_transport = "mpi"
+    if gpu:
+        default_transport = _most_common([r["transport"] for r in rules],
+                                          list(opts.transports or []))
+        for r in rules:
+            if r["transport"] == default_transport:
+                del r["transport"]  # the profile's own transport applies
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     return {
         "format": FORMAT,
@@ -112,8 +152,8 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
         "created": now.isoformat().replace("+00:00", "Z"),
         "tool": {"name": "ringtune", "version": __version__},
         "topology": dict(identity),
-        "backend": "numpy",
-        "transport": "mpi",
+        "backend": "cupy" if gpu else "numpy",
+        "transport": default_transport,
         "dtype": opts.dtype,
         "op": opts.op,
         "rules": rules,
@@ -130,5 +170,20 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
             "budget_s": opts.budget_s,
             "margin": opts.margin,
             "algorithms": list(algorithms),
+            **({"transports": list(opts.transports or [])} if gpu else {}),
         },
     }
+
+
+def _most_common(names: Sequence[str], preference: Sequence[str]) -> str:
+    """The name used most often; a tie goes to the one earlier in ``preference`` (best
+    first), then to the one seen first."""
+    if not names:
+        return preference[0] if preference else "staged"
+    counts = Counter(names)
+
+    def rank(name: str) -> tuple[int, int, int]:
+        pref = preference.index(name) if name in preference else len(preference)
+        return (-counts[name], pref, names.index(name))
+
+    return min(counts, key=rank)

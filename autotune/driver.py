@@ -104,7 +104,7 @@ class Driver:
     def space(self) -> list[tuple[dict[str, Any], space.Config]]:
         if self._space is None:
             self._space = space.enumerate_space(self.world_size, self.nbytes,
-                                                self.algorithms)
+                                                self.algorithms, self.opts.transports)
         return self._space
 
     def prepare(self) -> None:
@@ -142,8 +142,13 @@ class Driver:
     def _warm_start(self) -> list[dict[str, Any]]:
         """``native`` first, then the cost model's best guesses and sensible defaults."""
         out: list[dict[str, Any]] = []
+        # On GPU buffers every warm-start guess uses the best transport every rank has.
+        best_transport = self.opts.transports[0] if self.opts.transports else None
         if "native" in self.algorithms:
-            out.append({space.ALGORITHM_PARAM: "native"})
+            first: dict[str, Any] = {space.ALGORITHM_PARAM: "native"}
+            if best_transport is not None and self.world_size > 1:
+                first[space.TRANSPORT_PARAM] = best_transport
+            out.append(first)
         guesses: list[tuple[str, dict[str, Any]]] = []
         try:
             # The cost model is written separately; optional until it exists.
@@ -169,6 +174,8 @@ class Driver:
         for algo, params in guesses:
             if algo not in self.algorithms:
                 continue
+            if best_transport is not None and self.world_size > 1:
+                params = {**params, space.TRANSPORT_PARAM: best_transport}
             tparams = space.trial_params_for((algo, params), grid, self.world_size)
             if tparams is not None and tparams not in out:
                 out.append(tparams)
@@ -190,7 +197,7 @@ class Driver:
                 return {"op": "done", "reason": "exhausted"}
             trial = self.study.ask()
             algo, params = space.suggest(trial, self.world_size, self.nbytes,
-                                         self.algorithms)
+                                         self.algorithms, self.opts.transports)
             key = space.config_key(algo, params)
             # One attribute per trial (each write is one SQLite transaction).
             config = {"key": key, "algorithm": algo, "params": params}

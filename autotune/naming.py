@@ -81,7 +81,15 @@ def world_identity(comm: Any) -> dict[str, Any]:
 
 
 def study_name(prefix: str | None, fingerprint: str, dtype: str, op: str,
-               nbytes: int) -> str:
-    """One study per bucket, named from the fingerprint (``--study`` replaces the prefix)."""
+               nbytes: int, backend: str = "numpy",
+               transports: list[str] | None = None) -> str:
+    """One study per bucket, named from the fingerprint (``--study`` replaces the prefix).
+
+    GPU studies (``backend`` ``cupy``) carry the backend and the transports searched in
+    the prefix (``<prefix>-cupy.nccl.staged-…``), so host and GPU trials never mix in one
+    study and a study is resumed only with the same ``transport`` choices (Optuna refuses
+    a categorical whose choices change)."""
     head = prefix or "ringtune-" + fingerprint.split(":", 1)[-1][:16]
+    if backend != "numpy":
+        head += "-" + ".".join([backend, *(transports or [])])
     return f"{head}-{dtype}-{op}-{nbytes}B"

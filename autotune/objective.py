@@ -16,6 +16,8 @@ from typing import Any
 from collectives import Communicator
 from collectives.bench import busbw_factor, check_allreduce, time_allreduce
 
+from .space import split_transport
+
 COMPLETE = "complete"
 FAIL = "fail"
 PRUNED = "pruned"
@@ -54,32 +56,40 @@ def timing_for(sample_time_us: float, target_s: float = 0.15) -> Timing:
 
 def evaluate(comm: Communicator, nbytes: int, dtype: str, op: str, algorithm: str,
              params: Mapping[str, Any], timing: Timing,
-             best_time_us: float | None = None) -> TrialOutcome:
+             best_time_us: float | None = None, backend: str = "numpy") -> TrialOutcome:
     """Check ``algorithm(params)`` for correctness at ``nbytes``, then time it.
 
     A wrong result or an error is ``FAIL`` with the reason; a candidate whose short first
     timing is ``prune_factor`` times slower than ``best_time_us`` is ``PRUNED``; otherwise
     ``COMPLETE`` with the median time of ``timing.iters`` iterations. Collective.
+
+    ``backend`` is where the buffers live (``numpy`` or ``cupy``); a ``transport`` in
+    ``params`` (GPU configurations) is the transport the candidate is checked and timed
+    with.
     """
     itemsize = _itemsize(dtype)
     count = nbytes // itemsize
+    own, transport = split_transport(params)
     try:
-        check = check_allreduce(comm, count, dtype, op, algorithm, params)
+        check = check_allreduce(comm, count, dtype, op, algorithm, own, transport=transport,
+                                backend=backend)
         if check.error:
             return TrialOutcome(FAIL, reason=f"error: {check.error}")
         if check.wrong:
             return TrialOutcome(FAIL, reason=f"wrong result: {check.wrong} mismatched "
                                              f"elements over all ranks")
         if best_time_us is not None and timing.quick_iters < timing.iters:
-            quick = time_allreduce(comm, count, dtype, op, algorithm, params,
-                                   warmup=1, iters=timing.quick_iters)
+            quick = time_allreduce(comm, count, dtype, op, algorithm, own,
+                                   warmup=1, iters=timing.quick_iters, transport=transport,
+                                   backend=backend)
             if quick.time_us > timing.prune_factor * best_time_us:
                 return TrialOutcome(PRUNED, quick.time_us, quick.busbw_gbps,
                                     reason=f"pruned: {quick.time_us:.1f} us > "
                                            f"{timing.prune_factor:g} x best "
                                            f"{best_time_us:.1f} us")
-        m = time_allreduce(comm, count, dtype, op, algorithm, params,
-                           warmup=timing.warmup, iters=timing.iters)
+        m = time_allreduce(comm, count, dtype, op, algorithm, own,
+                           warmup=timing.warmup, iters=timing.iters, transport=transport,
+                           backend=backend)
         return TrialOutcome(COMPLETE, m.time_us, m.busbw_gbps)
     finally:
         # Plans keep scratch buffers as large as the message: drop them between candidates

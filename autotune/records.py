@@ -40,6 +40,12 @@ class TuneOptions:
     fresh: bool = False
     report: str | None = None
     progress: bool = True
+    #: Where the tuned buffers live: ``numpy`` (host), ``cupy`` (GPU) or ``auto`` (decided
+    #: collectively by ``tune``, which replaces it with the backend it chose).
+    backend: str = "numpy"
+    #: GPU transports every rank can use, best first (``tune`` fills it in on ``cupy``; the
+    #: search space's ``transport`` parameter). ``None`` for host buffers.
+    transports: list[str] | None = None
 
 
 @dataclass

@@ -42,6 +42,15 @@ def _params_text(params: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={short(v)}" for k, v in params.items())
 
 
+def _with_transport(profile: Mapping[str, Any], rule: Mapping[str, Any]) -> dict[str, Any]:
+    """A rule's params; on a GPU profile led by the transport the rule runs with (its own or
+    the profile's), since that is part of the choice."""
+    params = dict(rule.get("params") or {})
+    if profile.get("backend") == "cupy":
+        return {"transport": rule.get("transport") or profile.get("transport"), **params}
+    return params
+
+
 def rule_rows(profile: Mapping[str, Any]) -> list[list[str]]:
     """One row per rule: range, algorithm, params, busbw, native busbw, speed-up."""
     rows = []
@@ -57,7 +66,7 @@ def rule_rows(profile: Mapping[str, Any]) -> list[list[str]]:
         rows.append([
             f"{human_bytes(r['min_bytes'])} .. {human_bytes(r.get('max_bytes'))}",
             r["algorithm"],
-            _params_text(r.get("params") or {}),
+            _params_text(_with_transport(profile, r)),
             human_bytes(m["bytes"]) if m.get("bytes") is not None else "-",
             f"{tuned:.3f}" if tuned is not None else "-",
             f"{native:.3f}" if native is not None else "-",

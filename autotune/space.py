@@ -5,7 +5,8 @@ the algorithm is chosen first, then that algorithm's own ``search_space`` sugges
 parameters), ``enumerate_space`` to list every configuration of a discrete space (the grid
 sampler and the search-efficiency benchmark), and ``config_key`` to compare
 configurations. A configuration is ``(algorithm, params)`` with ``params`` as the
-algorithm's ``check_params`` accepts them.
+algorithm's ``check_params`` accepts them, plus, on GPU buffers only, the chosen transport
+under ``TRANSPORT_PARAM`` (``split_transport`` separates the two before a run).
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from collectives.algorithms.base import Algorithm
 
 #: Name of the top-level Optuna parameter that picks the algorithm.
 ALGORITHM_PARAM = "algorithm"
+
+#: Name of the Optuna parameter (and of the configuration's params key) that picks the GPU
+#: transport; searched only when the buffers are on the GPU (``--backend cupy``).
+TRANSPORT_PARAM = "transport"
 
 #: Algorithms that are never searched unless asked for by name (``--algorithms``).
 TEST_ONLY = ("sleep",)
@@ -60,14 +65,30 @@ class _StableNames:
         return getattr(self._trial, attr)
 
 
-def suggest(trial: Any, world_size: int, nbytes: int, algorithms: Sequence[str]) -> Config:
-    """Ask ``trial`` for one configuration (define-by-run, conditional on the algorithm)."""
+def suggest(trial: Any, world_size: int, nbytes: int, algorithms: Sequence[str],
+            transports: Sequence[str] | None = None) -> Config:
+    """Ask ``trial`` for one configuration (define-by-run, conditional on the algorithm).
+
+    ``transports`` (GPU buffers only: the transports every rank can use, best first) adds
+    the categorical ``transport`` parameter; the chosen one is carried in the configuration's
+    params under ``TRANSPORT_PARAM`` (``split_transport`` takes it out again)."""
     algo = trial.suggest_categorical(ALGORITHM_PARAM, list(algorithms))
     cls: type[Algorithm] = get_algorithm(algo)
     if world_size == 1:
         # Every algorithm is a no-op on one rank: parameters cannot matter.
         return algo, {}
-    return algo, dict(cls.search_space(_StableNames(trial), world_size, nbytes))
+    params: dict[str, Any] = {}
+    if transports:
+        params[TRANSPORT_PARAM] = trial.suggest_categorical(TRANSPORT_PARAM, list(transports))
+    params.update(cls.search_space(_StableNames(trial), world_size, nbytes))
+    return algo, params
+
+
+def split_transport(params: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``(the algorithm's own params, the transport or None)`` of a configuration's params."""
+    rest = dict(params)
+    transport = rest.pop(TRANSPORT_PARAM, None)
+    return rest, (str(transport) if transport is not None else None)
 
 
 def config_key(algorithm: str, params: Mapping[str, Any]) -> str:
@@ -129,8 +150,9 @@ class _EnumeratingTrial:
         return float(self._pick(name, [low + i * step for i in range(n + 1)]))
 
 
-def enumerate_space(world_size: int, nbytes: int,
-                    algorithms: Sequence[str]) -> list[tuple[dict[str, Any], Config]]:
+def enumerate_space(world_size: int, nbytes: int, algorithms: Sequence[str],
+                    transports: Sequence[str] | None = None,
+                    ) -> list[tuple[dict[str, Any], Config]]:
     """Every configuration of the space: a list of (Optuna trial params, configuration),
     duplicates (different trial params, same configuration) removed."""
     out: list[tuple[dict[str, Any], Config]] = []
@@ -140,7 +162,7 @@ def enumerate_space(world_size: int, nbytes: int,
         path = stack.pop()
         trial = _EnumeratingTrial(path)
         try:
-            cfg = suggest(trial, world_size, nbytes, algorithms)
+            cfg = suggest(trial, world_size, nbytes, algorithms, transports)
         except _Branch as br:
             stack.extend(path + [i] for i in reversed(range(br.n)))
             continue
@@ -153,8 +175,13 @@ def enumerate_space(world_size: int, nbytes: int,
 
 def normalise(algorithm: str, params: Mapping[str, Any], world_size: int) -> dict[str, Any]:
     """The parameters as the algorithm fills them in (defaults made explicit), for
-    comparing a hand-made guess with the configurations of the space."""
-    return get_algorithm(algorithm).check_params(dict(params), world_size)
+    comparing a hand-made guess with the configurations of the space. A transport in
+    ``params`` is kept as it is (it is no parameter of the algorithm)."""
+    own, transport = split_transport(params)
+    out = dict(get_algorithm(algorithm).check_params(own, world_size))
+    if transport is not None:
+        out[TRANSPORT_PARAM] = transport
+    return out
 
 
 def trial_params_for(guess: Config, space: Sequence[tuple[dict[str, Any], Config]],

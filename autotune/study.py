@@ -7,7 +7,12 @@ it (``autotune.objective.evaluate``), and rank 0 tells the result. Every decisio
 changes control flow is broadcast from rank 0 (``autotune.lockstep``), so all ranks take the
 same path and an error raises the same exception on every rank.
 
-Each bucket's study is named from the topology fingerprint, dtype, op and size
+``--backend`` decides where the buffers live (``resolve_backend``, collective): on GPU
+buffers (``cupy``) the search space gains ``transport`` over the GPU transports every rank
+can use, ``native`` is measured with the best of them, and the profile records
+``backend: cupy`` and each rule's transport. Host buffers (``numpy``) probe nothing GPU.
+
+Each bucket's study is named from the topology fingerprint, backend, dtype, op and size
 (``autotune.naming``); resume and timeout rules are in ``autotune.driver``; the A/B choice
 and the profile in ``autotune.choose``; the records in ``autotune.records``.
 """
@@ -25,7 +30,7 @@ from collectives.bench import time_allreduce
 from collectives.profile import builtin_profile, write_profile
 
 from . import space
-from .choose import AB_SHARE, ab_choice, build_profile
+from .choose import AB_SHARE, ab_choice, build_profile, native_config
 from .driver import SAMPLERS, Driver
 from .lockstep import abort, on_root
 from .naming import default_storage, study_name, world_identity
@@ -49,6 +54,7 @@ def tune(comm: Any, opts: TuneOptions, out: TextIO = sys.stdout) -> TuneResult:
     except ValueError as exc:
         raise TuneError(str(exc), usage=True) from None
     opts.storage = opts.storage or default_storage(opts.out)
+    opts.backend, opts.transports = resolve_backend(comm, opts.backend)
     identity = world_identity(comm)
     runtime = Communicator(comm, profile=builtin_profile(n))
     progress = Progress(opts.progress and rank == 0, len(opts.buckets))
@@ -66,7 +72,8 @@ def tune(comm: Any, opts: TuneOptions, out: TextIO = sys.stdout) -> TuneResult:
             raise TuneError(f"--storage {opts.storage}: cannot open the Optuna storage "
                             f"({type(exc).__name__}: {exc})", usage=True) from None
         if opts.fresh:
-            names = {study_name(opts.study, identity["fingerprint"], opts.dtype, opts.op, b)
+            names = {study_name(opts.study, identity["fingerprint"], opts.dtype, opts.op, b,
+                                opts.backend, opts.transports)
                      for b in opts.buckets}
             for s in optuna.get_all_study_summaries(storage=storage,
                                                     include_best_trial=False):
@@ -81,7 +88,7 @@ def tune(comm: Any, opts: TuneOptions, out: TextIO = sys.stdout) -> TuneResult:
     try:
         for index, nbytes in enumerate(opts.buckets):
             name = study_name(opts.study, identity["fingerprint"], opts.dtype, opts.op,
-                              nbytes)
+                              nbytes, opts.backend, opts.transports)
             summaries.append(_tune_bucket(comm, runtime, opts, storage, name, nbytes, index,
                                           algorithms, budget_end, progress, watchdog))
     finally:
@@ -97,6 +104,65 @@ def tune(comm: Any, opts: TuneOptions, out: TextIO = sys.stdout) -> TuneResult:
     path = on_root(comm, write)
     runtime.close()
     return TuneResult(profile, summaries, choices, time.monotonic() - t_start, path)
+
+
+BACKENDS = ("auto", "numpy", "cupy")
+
+#: The one-line fix for GPU tuning where CuPy or a GPU is missing.
+CUPY_FIX = ("install the GPU extra (pip install 'ringtune[cuda]') on a machine with an "
+            "NVIDIA GPU on every rank, or tune host buffers with --backend numpy")
+
+
+def cupy_missing(why: str, where: str = "") -> str:
+    """The one-line error of ``--backend cupy`` where CuPy or a GPU is missing."""
+    why = why.split("; install it with")[0]  # the fix follows once, in full
+    return f"--backend cupy: no usable GPU{where} ({why}): {CUPY_FIX}"
+
+
+def common_transports(lists: list[list[str]]) -> list[str]:
+    """The transports in every rank's list, in rank 0's order of preference."""
+    if not lists:
+        return []
+    return [t for t in lists[0] if all(t in other for other in lists[1:])]
+
+
+def resolve_backend(comm: Any, asked: str) -> tuple[str, list[str] | None]:
+    """``(backend, transports)`` for ``--backend asked`` (collective; the same on every
+    rank). ``numpy``: host buffers, nothing probed. ``cupy``: GPU buffers, searched over the
+    transports every rank can use (``TuneError`` usage when there are none). ``auto``:
+    ``cupy`` when rank 0 has GPU transports and every rank shares one, else ``numpy``."""
+    if asked not in BACKENDS:
+        raise TuneError(f"--backend {asked!r}: use one of {', '.join(BACKENDS)}", usage=True)
+    if asked == "numpy":
+        return "numpy", None
+    from collectives.cuda import available_transports
+    from collectives.cuda.detect import cupy_status
+
+    error = ""
+    try:
+        # The collective form: ``nccl`` is decided from every rank's bound GPU.
+        mine = available_transports(comm)
+    except Exception as exc:  # noqa: BLE001 - e.g. a bad $RINGTUNE_CUDA_AWARE: every rank
+        mine, error = [], f"{type(exc).__name__}: {exc}"  # must learn of it, not just one
+    why = "" if mine else error or cupy_status()[1] or "no GPU transport"
+    everyone = comm.allgather((mine, why, error))
+    failed = [(r, e) for r, (_, _, e) in enumerate(everyone) if e]
+    if failed:
+        raise TuneError(f"--backend {asked}: rank {failed[0][0]}: {failed[0][1]}", usage=True)
+    lists = [m for m, _, _ in everyone]
+    common = common_transports(lists)
+    if asked == "auto":
+        return ("cupy", common) if lists[0] and common else ("numpy", None)
+    if not common:
+        missing = [r for r, (m, _, _) in enumerate(everyone) if not m]
+        if missing:
+            r = missing[0]
+            raise TuneError(cupy_missing(everyone[r][1], f" on rank {r}"), usage=True)
+        detail = "; ".join(f"rank {r}: {', '.join(m)}"
+                           for r, (m, _, _) in enumerate(everyone))
+        raise TuneError(f"--backend cupy: the ranks share no GPU transport ({detail}): "
+                        f"{CUPY_FIX}", usage=True)
+    return "cupy", common
 
 
 def _record(driver: Driver | None, outcome: TrialOutcome) -> None:
@@ -127,8 +193,10 @@ def _tune_bucket(comm: Any, runtime: Communicator, opts: TuneOptions, storage: A
     # Iterations per candidate from a short timing of native (same on every rank).
     itemsize = 2 if opts.dtype == "bfloat16" else int(__import__("numpy").dtype(
         opts.dtype).itemsize)
-    sample = time_allreduce(runtime, nbytes // itemsize, opts.dtype, opts.op, "native", {},
-                            warmup=1, iters=3)
+    native, native_params = native_config(opts, n)
+    own, transport = space.split_transport(native_params)
+    sample = time_allreduce(runtime, nbytes // itemsize, opts.dtype, opts.op, native, own,
+                            warmup=1, iters=3, transport=transport, backend=opts.backend)
     timing = timing_for(sample.time_us)
     # This bucket's share of what is left of the search budget (later buckets are larger).
     weights = [1.0 + math.log(b / opts.buckets[0] + 1, 64) for b in opts.buckets[index:]]
@@ -147,7 +215,7 @@ def _tune_bucket(comm: Any, runtime: Communicator, opts: TuneOptions, storage: A
             watchdog.arm(desc, functools.partial(driver.record_timeout,
                                                  timeout_s=watchdog.timeout_s or 0))
         outcome = evaluate(runtime, nbytes, opts.dtype, opts.op, cmd["algorithm"],
-                           cmd["params"], timing, cmd["best"])
+                           cmd["params"], timing, cmd["best"], backend=opts.backend)
         if rank == 0:
             watchdog.disarm()
         on_root(comm, functools.partial(_record, driver, outcome))

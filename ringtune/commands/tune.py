@@ -8,6 +8,7 @@ buckets are not searched again; --fresh starts over.
 examples:
   ringtune tune --out profiles/local.yaml
   ringtune tune -np 4 --min-bytes 64K --max-bytes 16M --trials 20 --report report/
+  ringtune tune --backend cupy --out profiles/gpu.yaml     # GPU buffers, transports searched
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a non-native choice must beat native by this fraction (default 0.03)")
     p.add_argument("--algorithms", default=None, metavar="LIST",
                    help="comma-separated algorithms to search (default: all registered)")
+    p.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"),
+                   help="where the tuned buffers live: numpy (host), cupy (GPU; also searches "
+                        "the GPU transports every rank can use), or auto (default: cupy when "
+                        "rank 0 has a GPU transport, else numpy)")
     p.add_argument("--dtype", default="float32", help="element type tuned (default float32)")
     p.add_argument("--op", default="sum", help="reduction op tuned (default sum)")
     p.add_argument("--report", default=None, metavar="DIR",
@@ -100,6 +105,9 @@ def _options(args: argparse.Namespace) -> TuneOptions:
     check_writable(args.out)
     if args.report and os.path.exists(args.report) and not os.path.isdir(args.report):
         raise UsageError(f"--report {args.report}: exists and is not a folder")
+    backend = getattr(args, "backend", "auto")
+    if backend == "cupy":
+        _check_cupy_here()
     algorithms = [a.strip() for a in args.algorithms.split(",")] if args.algorithms else None
     if algorithms:
         from autotune.space import searchable
@@ -113,7 +121,23 @@ def _options(args: argparse.Namespace) -> TuneOptions:
                        sampler=args.sampler, seed=args.seed,
                        trial_timeout_s=args.trial_timeout or None, margin=args.margin,
                        algorithms=algorithms, dtype=args.dtype, op=args.op, fresh=args.fresh,
-                       report=args.report, progress=not args.no_progress)
+                       report=args.report, progress=not args.no_progress, backend=backend)
+
+
+def _check_cupy_here() -> None:
+    """``--backend cupy`` where this process has no CuPy or GPU: one line, before any rank
+    starts. Only outside mpiexec (the launching process): under mpiexec the ranks decide
+    together in ``autotune.study.resolve_backend``, so no rank raises alone."""
+    from ..launch import under_mpiexec
+
+    if under_mpiexec():
+        return
+    from autotune.study import cupy_missing
+    from collectives.cuda.detect import cupy_status
+
+    ok, why = cupy_status()
+    if not ok:
+        raise UsageError(cupy_missing(why, " here"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -214,3 +214,79 @@ def test_gpu_transports_refuse_host_buffers() -> None:
             make_transport(name, None, np_backend)
         with pytest.raises(ValueError, match="moves GPU buffers"):
             make_gpu_transport(name, None, np_backend)
+
+
+# --- the nccl decision: one GPU per rank, decided from every rank's bound device ----------
+
+
+def test_nccl_one_gpu_per_rank_decision() -> None:
+    import collectives.cuda as C
+
+    # Slurm, one GPU per task: every rank sees "device 0", but the bus ids differ.
+    assert C.nccl_one_gpu_per_rank([("n1", "0000:3b:00.0"), ("n1", "0000:5e:00.0"),
+                                    ("n2", "0000:3b:00.0"), ("n2", "0000:5e:00.0")])
+    # Two ranks of one host on one GPU.
+    assert not C.nccl_one_gpu_per_rank([("n1", "0000:3b:00.0"), ("n1", "0000:3b:00.0")])
+    # A rank without a GPU.
+    assert not C.nccl_one_gpu_per_rank([("n1", "0000:3b:00.0"), None])
+    assert C.nccl_one_gpu_per_rank([("n1", "0000:3b:00.0")])
+
+
+class _GatherComm:
+    """Rank 0 of a fake world whose other ranks contribute ``others`` to the allgather."""
+
+    def __init__(self, others: list[object]) -> None:
+        self.others = others
+        self.gathered: list[object] = []
+
+    def allgather(self, mine: object) -> list[object]:
+        self.gathered.append(mine)
+        return [mine, *self.others]
+
+
+def _fake_gpu(monkeypatch: pytest.MonkeyPatch, record: tuple[str, str] | None,
+              shared_here: bool) -> None:
+    import collectives.cuda as C
+
+    monkeypatch.setattr(C, "cupy_status", lambda: (True, "1 GPU(s) visible"))
+    monkeypatch.setattr(C, "nccl_status", lambda: (True, "NCCL 2.21.5"))
+    monkeypatch.setattr(C, "cuda_aware_mpi", lambda: False)
+    monkeypatch.setattr(C, "gpu_record", lambda: record)
+    monkeypatch.setattr(C, "gpus_shared_here", lambda: shared_here)
+
+
+def test_collective_form_keeps_nccl_with_one_visible_gpu_per_rank(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import collectives.cuda as C
+
+    # Each rank has its own CUDA_VISIBLE_DEVICES: the local heuristic (2 local ranks, 1
+    # visible GPU) says "shared", the ranks' bus ids say otherwise.
+    _fake_gpu(monkeypatch, ("n1", "0000:3b:00.0"), shared_here=True)
+    assert C.available_transports() == ["staged"]
+    comm = _GatherComm([("n1", "0000:5e:00.0")])
+    assert C.available_transports(comm) == ["nccl", "staged"]
+    assert comm.gathered == [("n1", "0000:3b:00.0")]
+
+
+def test_collective_form_drops_nccl_when_ranks_share_a_gpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import collectives.cuda as C
+
+    _fake_gpu(monkeypatch, ("n1", "0000:3b:00.0"), shared_here=False)
+    assert C.available_transports() == ["nccl", "staged"]
+    assert C.available_transports(_GatherComm([("n1", "0000:3b:00.0")])) == ["staged"]
+    # The same bus id on another host is another GPU.
+    assert C.available_transports(_GatherComm([("n2", "0000:3b:00.0")])) == ["nccl",
+                                                                             "staged"]
+    # A peer without a GPU.
+    assert C.available_transports(_GatherComm([None])) == ["staged"]
+
+
+def test_collective_form_gathers_even_without_cupy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank without CuPy still takes part in the gather (no rank left waiting)."""
+    import collectives.cuda as C
+
+    monkeypatch.setattr(C, "cupy_status", lambda: (False, "CuPy is not importable"))
+    comm = _GatherComm([("n1", "0000:3b:00.0")])
+    assert C.available_transports(comm) == []
+    assert comm.gathered == [None]
