@@ -7,8 +7,6 @@ Run single-process (``pytest tests/gpu``, world size 1) or under
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,11 @@ import pytest
 
 from collectives.cuda.detect import cupy_status
 
+from ..mpi_support import agree, silence_other_ranks
+
 GPU_OK, GPU_WHY = cupy_status()
+
+__all__ = ["GPU_OK", "GPU_WHY", "agree"]  # what the test modules import from here
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -30,27 +32,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(trylast=True)  # after the terminal plugin has made its reporter
 def pytest_configure(config: pytest.Config) -> None:
     from mpi4py import MPI
 
-    if MPI.COMM_WORLD.Get_rank() > 0:
-        # Only rank 0 reports (see tests/mpi/conftest.py); stderr stays open for crashes.
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter._tw._file = open(os.devnull, "w")  # noqa: SIM115 - lives for the run
-
-
-def agree(failures: Iterable[str], comm: Any = None, limit: int = 8) -> None:
-    """Fail on every rank if any rank reported failures (each names its rank)."""
-    from mpi4py import MPI
-
-    comm = comm or MPI.COMM_WORLD
-    mine = list(failures)[:limit]
-    everyone = comm.allgather(mine)
-    lines = [f"rank {r}: {msg}" for r, msgs in enumerate(everyone) for msg in msgs]
-    if lines:
-        pytest.fail("\n".join(lines[:limit]), pytrace=False)
+    silence_other_ranks(config, MPI.COMM_WORLD.Get_rank())
 
 
 @pytest.fixture(scope="session")
