@@ -126,12 +126,14 @@ class Profile:
 
 
 def builtin_profile(world_size: int) -> Profile:
-    """The heuristic used without a profile: the library's allreduce for small messages
-    (latency-bound, where its tree algorithms win), chunk-pipelined rings above."""
+    """The heuristic used without a profile: the library's own allreduce below 32 MiB, where
+    its C collectives are at least as fast as ours (latency-bound small messages; MPI's
+    reduce-scatter/all-gather up to 16 MiB), and two concurrent whole-segment rings from
+    32 MiB, where MPICH falls off (3.3x at 64 MiB; the quiet tuning runs in BENCHMARKS.md
+    chose the same split). A tuned profile replaces this with the machine's own rules."""
     rules = (
-        Rule(0, (256 << 10) - 1, "native", {}),
-        Rule(256 << 10, None, "multiring",
-             {"rings": 2, "chunk_bytes": 1 << 20, "order": "topology"}),
+        Rule(0, (32 << 20) - 1, "native", {}),
+        Rule(32 << 20, None, "multiring", {"rings": 2, "chunk_bytes": 0, "order": "topology"}),
     )
     return Profile(rules=rules, world_size=world_size, builtin=True)
 

@@ -115,7 +115,8 @@ def test_any_shape_in_place(comm: Any) -> None:
 def test_profile_choice_default_path(comm: Any) -> None:
     """Without algorithm=..., the (built-in) profile's choice runs and is correct."""
     fails: list[str] = []
-    for count in (0, 5, 1 << 17):
+    # Below and above the built-in rule boundary (32 MiB): both rules run.
+    for count in (0, 5, 1 << 17, (9 << 20) + 3):
         buf = np.empty(count, dtype=np.float32)
         fill_input(buf, comm.rank, "max")
         comm.allreduce(buf, op="max")
