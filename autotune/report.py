@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from collectives.atomic import write_text_atomic
+from collectives.atomic import atomic_path, write_text_atomic
 
 
 def human_bytes(n: int | None) -> str:
@@ -166,10 +166,11 @@ def write_report(folder: str, result: Any) -> list[str]:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     png = os.path.join(folder, "busbw.png")
-    tmp = png + ".tmp.png"
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, png)
+    try:
+        with atomic_path(png) as tmp:
+            fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    finally:
+        plt.close(fig)
 
     md = ["# ringtune tuning report", "", profile_heading(result.profile, result.path), "",
           "## Rules", "", markdown_table(RULE_HEADER, rule_rows(result.profile)), "",

@@ -152,6 +152,7 @@ def _plot(result: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from collectives.atomic import atomic_path
 
     w = result.get("workload")
     fig, axes = plt.subplots(1, 2 if w else 1, figsize=(12 if w else 7, 4.5), squeeze=False)
@@ -179,17 +180,11 @@ def _plot(result: dict[str, Any], path: str) -> None:
         ax2.grid(True, alpha=0.3)
         ax2.legend()
     fig.tight_layout()
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp")
     try:
-        fig.savefig(tmp, format="png", dpi=110)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=110)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def run(args: argparse.Namespace) -> int:
