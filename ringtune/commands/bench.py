@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from ..errors import UsageError
-from ..launch import relaunch, under_mpiexec
+from ..launch import default_ranks, relaunch, under_mpiexec
 
 HELP = "nccl-tests-style allreduce benchmark (one algorithm, native, or a profile)"
 
@@ -91,26 +91,26 @@ def _validate(args: argparse.Namespace) -> tuple[list[int], dict[str, Any]]:
                           args.stepfactor)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    params = parse_params(args.param)
-    if args.algo is not None:
-        from collectives.algorithms import get_algorithm
-
-        cls = get_algorithm(args.algo)
-        cls.check_params(params, 1 << 30 if "order" not in params else _world_size())
-    return sizes, params
+    return sizes, parse_params(args.param)
 
 
-def _world_size() -> int:
-    from mpi4py import MPI
+def _check_algorithm(name: str | None, params: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """``params`` validated for algorithm ``name`` on ``world_size`` ranks (unchanged when no
+    algorithm is named); ``ValueError`` naming the parameter otherwise."""
+    if name is None:
+        return params
+    from collectives.algorithms import get_algorithm
 
-    return int(MPI.COMM_WORLD.Get_size())
+    return get_algorithm(name).check_params(params, world_size)
 
 
 def run(args: argparse.Namespace) -> int:
     # Validate before launching or communicating: bad flags fail fast, once, with exit 2.
     sizes, params = _validate(args)
     if not under_mpiexec() and (args.np is None or args.np > 1):
-        return relaunch(args._argv, args.np)
+        ranks = args.np or default_ranks()
+        _check_algorithm(args.algo, params, ranks)  # fail once, here, before launching
+        return relaunch(args._argv, ranks)
     from mpi4py import MPI
 
     from collectives import Communicator
@@ -121,9 +121,7 @@ def run(args: argparse.Namespace) -> int:
     rank0 = comm.rank == 0
     to_stdout_json = args.json == "-"
     backend = "cupy" if args.gpu else "numpy"
-    if args.algo is not None:
-        get = __import__("collectives.algorithms", fromlist=["get_algorithm"]).get_algorithm
-        params = get(args.algo).check_params(params, comm.size)
+    params = _check_algorithm(args.algo, params, comm.size)
     what = (f"algorithm {args.algo}" if args.algo else
             f"profile {args.profile}" if args.profile else "built-in defaults")
     if rank0 and not to_stdout_json:

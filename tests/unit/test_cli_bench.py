@@ -57,6 +57,19 @@ def test_bench_self_launch_and_json(tmp_path: Path) -> None:
     assert all(r["wrong"] == 0 and r["algo"] == "rhd" for r in data["rows"])
 
 
+def test_params_are_checked_against_the_launched_world_size() -> None:
+    """dims must multiply to the number of ranks launched (-np), not some stand-in."""
+    _mpiexec()
+    ok = _run(["bench", "-np", "2", "-b", "1K", "-e", "1K", "-n", "2", "-w", "0",
+               "--algo", "hierarchical", "--param", "dims=[2]"])
+    assert ok.returncode == 0, ok.stderr
+    assert "hierarchical" in ok.stdout
+    bad = _run(["bench", "-np", "2", "-b", "1K", "-e", "1K", "--algo", "hierarchical",
+                "--param", "dims=[3]"], timeout=60)
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode == 2 and len(lines) == 1 and "dims" in lines[0], bad.stderr
+
+
 @pytest.mark.parametrize("args,word", [
     (["bench", "--algo", "tree"], "unknown algorithm 'tree'"),
     (["bench", "--algo", "multiring", "--param", "rings=0"], "rings"),
