@@ -28,10 +28,6 @@ class Backend(ABC):
     extra_dtypes: tuple[str, ...] = ()
 
     @abstractmethod
-    def owns(self, buf: Any) -> bool:
-        """True if ``buf`` is an array of this backend's kind."""
-
-    @abstractmethod
     def as_flat(self, buf: Any) -> Any:
         """A 1-D writable view of ``buf`` without copying; ``TypeError``/``ValueError`` if
         ``buf`` is not C-contiguous or not writable."""
@@ -68,9 +64,6 @@ class NumpyBackend(Backend):
 
     _UFUNCS = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum,
                "max": np.maximum}
-
-    def owns(self, buf: Any) -> bool:
-        return isinstance(buf, np.ndarray)
 
     def as_flat(self, buf: Any) -> np.ndarray:
         if not isinstance(buf, np.ndarray):

@@ -235,10 +235,6 @@ def time_allreduce(comm: Communicator, count: int, dtype: str = "float32", op: s
 
 # -- the table ---------------------------------------------------------------------------
 
-HEADER = ("size", "count", "type", "redop", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
-          "#wrong")
-
-
 def run_bench(comm: Communicator, sizes: Sequence[int], dtype: str = "float32",
               op: str = "sum", algorithm: str | None = None,
               params: Mapping[str, Any] | None = None, warmup: int = 5, iters: int = 20,

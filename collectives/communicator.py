@@ -79,7 +79,6 @@ class Communicator:
         self._plans: dict[Any, _Prepared] = {}
         self._contexts: dict[tuple[str, str], Context] = {}
         self._transports: list[Transport] = []
-        self._logged: set[Any] = set()
         self.profile = self._resolve_profile(profile)
         self.hosts = self._agree_at_construction()
         if self.topology is None:

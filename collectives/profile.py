@@ -36,7 +36,8 @@ PROFILE_OPS = ("sum", "prod", "min", "max", "avg")
 REQUIRED_KEYS = ("format", "version", "topology", "backend", "transport", "rules")
 OPTIONAL_KEYS = ("created", "tool", "dtype", "op", "tuning", "extra")
 TOPOLOGY_KEYS = ("fingerprint", "world_size", "hosts", "ranks_per_host", "summary")
-RULE_KEYS = ("min_bytes", "max_bytes", "algorithm", "params", "transport", "measured")
+RULE_REQUIRED_KEYS = ("min_bytes", "max_bytes", "algorithm")
+RULE_OPTIONAL_KEYS = ("params", "transport", "measured")
 MEASURED_KEYS = ("bytes", "busbw_gbps", "time_us", "native_busbw_gbps", "native_time_us",
                  "algbw_gbps", "speedup")
 FINGERPRINT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -249,8 +250,7 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
     for i, item in enumerate(value):
         where = f"rules[{i}]"
         rule = v.mapping(item, where)
-        v.keys(rule, where, ("min_bytes", "max_bytes", "algorithm"),
-               ("params", "transport", "measured"))
+        v.keys(rule, where, RULE_REQUIRED_KEYS, RULE_OPTIONAL_KEYS)
         lo = v.integer(rule["min_bytes"], f"{where}.min_bytes", 0, None)
         hi_raw = rule["max_bytes"]
         hi = None if hi_raw is None else v.integer(hi_raw, f"{where}.max_bytes", lo, None)

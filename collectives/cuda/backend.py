@@ -35,7 +35,7 @@ from ..backend import Backend
 from ..ops import DTYPES
 from . import kernels as K
 from .binding import DeviceBinding, bind_device, current_binding
-from .detect import visible_devices_text, world_rank
+from .detect import world_rank
 from .errors import GpuError
 
 try:
@@ -99,21 +99,6 @@ class CupyBackend(Backend):
         _INSTANCES += 1
 
     # -- buffers ----------------------------------------------------------------------
-
-    def owns(self, buf: Any) -> bool:
-        if isinstance(buf, cupy.ndarray):
-            return True
-        try:
-            return buf.__cuda_array_interface__ is not None
-        except AttributeError:
-            pass
-        except Exception:  # noqa: BLE001 - e.g. torch bfloat16: CAI raises, DLPack works
-            return True
-        dev = getattr(buf, "__dlpack_device__", None)
-        try:
-            return dev is not None and int(dev()[0]) in (2, 3, 13)
-        except Exception:  # noqa: BLE001
-            return False
 
     def _view(self, buf: Any) -> Any:
         """A CuPy array sharing ``buf``'s memory (never a copy)."""
@@ -283,9 +268,3 @@ class CupyBackend(Backend):
         self.synchronize()
         arr = self._view(buf)
         return cupy.asnumpy(arr, stream=self.stream)
-
-
-def describe_gpu() -> str:
-    """One line about this rank's GPU set-up (for logs and the device check)."""
-    b = current_binding()
-    return b.describe() if b is not None else f"not bound ({visible_devices_text()})"
