@@ -23,7 +23,7 @@ import numpy as np
 
 from .algorithms import Context, get_algorithm
 from .backend import Backend, backend_for, check_buffer_dtype, get_backend
-from .errors import AgreementError, ProfileError, TopologyMismatchError
+from .errors import AgreementError, ProfileError, TopologyMismatchError, require_agreement
 from .ops import check_op
 from .plan import Plan
 from .profile import Profile, builtin_profile, load_profile
@@ -295,14 +295,10 @@ class Communicator:
             if self.size > 1:
                 # Ranks that picked different transports (e.g. CUDA-aware MPI detected on
                 # some hosts only) would never match each other's messages: fail together.
-                chosen = self.comm.allgather(f"{backend.name}/{tname}")
-                if len(set(chosen)) > 1:
-                    detail = ", ".join(f"rank {r}: {c}" for r, c in enumerate(chosen))
-                    raise AgreementError(
-                        f"ranks chose different backends/transports ({detail}); name the "
-                        "transport explicitly (transport=... or in the profile) or set "
-                        "RINGTUNE_CUDA_AWARE the same on every host"
-                    )
+                require_agreement(
+                    self.comm.allgather(f"{backend.name}/{tname}"), "backends/transports",
+                    "name the transport explicitly (transport=... or in the profile) or set "
+                    "RINGTUNE_CUDA_AWARE the same on every host")
             transport = make_transport(tname, self.comm, backend)
             self._transports.append(transport)
             ctx = Context(comm=self.comm, backend=backend, transport=transport,
@@ -313,15 +309,10 @@ class Communicator:
 
     def _check_agreement(self, key: Any) -> None:
         """RINGTUNE_CHECK=1: every rank passed the same size, dtype, op and choice."""
-        mine = repr(key)
-        everyone = self.comm.allgather(mine)
-        if len(set(everyone)) > 1:
-            lines = "; ".join(f"rank {r}: {k}" for r, k in enumerate(everyone))
-            raise AgreementError(
-                "allreduce arguments differ across ranks (size, dtype, op, backend, "
-                f"algorithm, transport, params): {lines}. Every rank must call allreduce "
-                "with the same arguments in the same order"
-            )
+        require_agreement(
+            self.comm.allgather(repr(key)),
+            "allreduce arguments (size, dtype, op, backend, algorithm, transport, params)",
+            "every rank must call allreduce with the same arguments in the same order")
 
     def clear_plans(self) -> None:
         """Drop cached plans (and their scratch buffers); the next call plans again. The

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class RingtuneError(Exception):
     """Base class of ringtune's own errors."""
@@ -22,3 +24,13 @@ class TopologyMismatchError(RingtuneError):
 class AgreementError(RingtuneError, ValueError):
     """Ranks disagree on something that must be equal on all ranks (profile, size, dtype, op,
     backend). Raised identically on every rank so that none is left hanging."""
+
+
+def require_agreement(values: Sequence[object], what: str, fix: str) -> None:
+    """Raise ``AgreementError`` unless every rank's value is equal (``values[r]`` is rank r's,
+    as an allgather returns them). Call it on every rank with the same gathered list: then
+    every rank raises the same message, naming each rank's value, ``what`` differs and the
+    ``fix``."""
+    if len(set(values)) > 1:
+        detail = "; ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+        raise AgreementError(f"{what} differ across ranks ({detail}): {fix}")

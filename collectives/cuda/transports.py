@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AgreementError
+from ..errors import require_agreement
 from ..transport import Pending, Transport, mpi_op
 from .binding import shared_gpu_message, shared_gpus
 from .detect import load_nccl
@@ -81,15 +81,12 @@ def _host_rank_records(comm: Any, backend: Any, extra: Any) -> list[Any]:
     return comm.allgather((extra, MPI.Get_processor_name(), key))
 
 
-def _check_same_transport(name: str, everyone: Sequence[Any]) -> None:
-    names = [e[0][0] for e in everyone]
-    if len(set(names)) > 1:
-        detail = ", ".join(f"rank {r}: {n}" for r, n in enumerate(names))
-        raise AgreementError(
-            f"ranks chose different GPU transports ({detail}): name the transport explicitly "
-            "(allreduce(transport=...) or the profile's `transport:`) so every rank uses the "
-            "same one"
-        )
+def _check_same_transport(everyone: Sequence[Any]) -> None:
+    # Communicator._context checks this generally; a transport built directly (as its
+    # tests do) must fail together too, and the gather it needs is already made.
+    require_agreement([e[0][0] for e in everyone], "GPU transports",
+                      "name the transport explicitly (allreduce(transport=...) or the "
+                      "profile's `transport:`) so every rank uses the same one")
 
 
 class _EventPending(Pending):
@@ -255,7 +252,7 @@ class StagedTransport(Transport):
         # decided once, together, so that all ranks take the same path.
         mod, why = (nccl, "given") if nccl is not None else load_nccl()
         everyone = _host_rank_records(comm, backend, (self.name, mod is not None, why))
-        _check_same_transport(self.name, everyone)
+        _check_same_transport(everyone)
         records = [(e[1], e[2]) for e in everyone]
         self._native_nccl_ok = (all(e[0][1] for e in everyone)
                                 and not shared_gpus(records))
@@ -386,7 +383,7 @@ class _NcclLink:
         mod, why = (nccl, "given") if nccl is not None else load_nccl()
         rank, size = comm.Get_rank(), comm.Get_size()
         everyone = _host_rank_records(comm, backend, ("nccl", mod is not None, why))
-        _check_same_transport("nccl", everyone)
+        _check_same_transport(everyone)
         missing = [r for r, e in enumerate(everyone) if not e[0][1]]
         if missing:
             raise GpuError(f"{what}: transport 'nccl' is not available on rank(s) "

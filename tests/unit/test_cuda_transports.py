@@ -582,7 +582,7 @@ def main() -> int:
         if n > 1:
             failures.append("mismatched transports did not raise")
     except AgreementError as exc:
-        if "different GPU transports" not in str(exc):
+        if "GPU transports differ across ranks" not in str(exc):
             failures.append(f"mismatch error unclear: {exc}")
     failures += _communicator_checks(world, rank, n)
     everyone = world.allgather(failures)
