@@ -1,7 +1,9 @@
 # ringtune: the two commands of the README.
 #   make tune   tune this machine (venv, install, `ringtune tune`) -> profiles/local.yaml
-#   make test   lint, type-check, unit tests, MPI tests at 1..4 ranks, GPU tests (skip w/o GPU)
-# Everything is installed from nothing into .venv (Python packages only; MPI is the mpich wheel).
+#   make test   lint, type-check, unit tests, MPI tests at 1..4 ranks, GPU tests (skip w/o GPU),
+#               and the GPU code checked against the real CUDA packages (cuda-static)
+# Everything is installed from nothing into .venv (Python packages only; MPI is the mpich wheel);
+# cuda-static uses a second environment, .venv-cuda, with the `cuda` extra (~1.2 GB).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,8 +13,10 @@ NP_LIST ?= 1 2 3 4
 # Oversubscribed ranks on a small machine are slow but correct; this bounds a hung test.
 MPI_TEST_TIMEOUT ?= 900
 PYTEST_MPI := $(PY) -m mpi4py -m pytest -q -p no:cacheprovider
+CUDA_VENV ?= .venv-cuda
+CUDA_PY := $(CUDA_VENV)/bin/python
 
-.PHONY: all install test lint unit mpi gpu tune bench clean
+.PHONY: all install test lint unit mpi gpu cuda-static tune bench clean
 
 all: test
 
@@ -23,6 +27,14 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+# CuPy, NCCL, NVRTC and NVML install and answer without a GPU: a separate environment keeps
+# the main one (and `make tune`) free of ~1.2 GB of CUDA wheels.
+$(CUDA_VENV)/.installed: pyproject.toml
+	test -x $(CUDA_PY) || $(PYTHON) -m venv $(CUDA_VENV)
+	$(CUDA_PY) -m pip install -q --upgrade pip
+	$(CUDA_PY) -m pip install -q -e '.[test,cuda]'
+	touch $@
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -40,8 +52,13 @@ mpi: install
 gpu: install
 	$(PY) -m pytest -q -p no:cacheprovider -rs tests/gpu
 
+# The GPU code against the real CuPy/NCCL/NVML APIs and NVRTC (tests/unit/test_cuda_packages.py),
+# and the CUDA unit tests again with CuPy importable but no GPU, as on a login node.
+cuda-static: $(CUDA_VENV)/.installed
+	$(CUDA_PY) -m pytest -q -p no:cacheprovider -rs tests/unit/test_cuda_*.py
+
 # GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
-test: lint gpu unit mpi
+test: lint gpu unit cuda-static mpi
 
 tune: install
 	$(VENV)/bin/ringtune tune --out profiles/local.yaml
@@ -50,4 +67,4 @@ bench: install
 	$(VENV)/bin/ringtune bench -b 4K -e 64M -f 4 -c 1
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(CUDA_VENV) build *.egg-info
