@@ -52,7 +52,8 @@ class Backend(ABC):
         """Wait until queued work on this backend's arrays is done (no-op on the host)."""
 
     def to_numpy(self, buf: Any) -> np.ndarray:
-        """A host copy (tests and checks only)."""
+        """``buf``'s contents on the host: a host array as it is, a GPU buffer copied down
+        once the work queued on it has finished."""
         return np.asarray(buf)
 
 

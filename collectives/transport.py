@@ -17,6 +17,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from .backend import Backend
 
 #: Transport names, in order of preference for host buffers.
@@ -98,6 +100,34 @@ def mpi_op(op: str) -> Any:
             "max": MPI.MAX}[op]
 
 
+def mpi_reduces(dtype: Any) -> bool:
+    """Whether this MPI can reduce ``dtype`` itself. bfloat16 has no MPI type; float16 has
+    one only in some libraries (MPICH's ``MPIX_C_FLOAT16``), which mpi4py then lists."""
+    from mpi4py import MPI
+
+    name = str(dtype)
+    if name == "bfloat16":
+        return False
+    if name == "float16":
+        t = MPI._typedict.get("e")
+        return t is not None and t != MPI.DATATYPE_NULL
+    return True
+
+
+def host_allreduce(comm: Any, arr: np.ndarray, op: str) -> None:
+    """In-place ``MPI_Allreduce`` of a host array. A half type MPI cannot reduce is reduced
+    as float32 and rounded back once: identical on every rank, and exact for the sums of a
+    few small values."""
+    from mpi4py import MPI
+
+    if mpi_reduces(arr.dtype):
+        comm.Allreduce(MPI.IN_PLACE, arr, op=mpi_op(op))
+        return
+    wide = arr.astype(np.float32)
+    comm.Allreduce(MPI.IN_PLACE, wide, op=mpi_op(op))
+    arr[...] = wide.astype(arr.dtype)
+
+
 class MpiTransport(Transport):
     """mpi4py ``Isend``/``Irecv`` on host arrays, or on GPU arrays when MPI is CUDA-aware.
 
@@ -133,6 +163,13 @@ class MpiTransport(Transport):
     def native_allreduce(self, buf: Any, op: str) -> None:
         from mpi4py import MPI
 
+        if not mpi_reduces(buf.dtype):
+            # MPI cannot reduce this type (bfloat16; float16 in some libraries): through a
+            # host copy reduced as float32, on GPU buffers too.
+            host = self.backend.to_numpy(buf)
+            host_allreduce(self.comm, host, op)
+            self.backend.copy_into(buf, host)
+            return
         if self.backend.on_gpu:
             self.backend.synchronize()
         self.comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op(op))

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import require_agreement
-from ..transport import Pending, Transport, mpi_op
+from ..transport import Pending, Transport, host_allreduce
 from .binding import shared_gpu_message, shared_gpus
 from .detect import load_nccl
 from .errors import GpuError
@@ -320,7 +320,6 @@ class StagedTransport(Transport):
 
     def _staged_allreduce(self, buf: Any, op: str) -> None:
         """Copy to pinned host memory, ``MPI_Allreduce`` in place, copy back."""
-        from mpi4py import MPI
 
         ops = self.ops
         nbytes = _nbytes(buf)
@@ -336,15 +335,7 @@ class StagedTransport(Transport):
         ops.wait(self.d2h_stream, ready)
         ops.d2h(host, ops.ptr(buf), nbytes, self.d2h_stream)
         ops.sync_stream(self.d2h_stream)
-        view = host[:nbytes].view(buf.dtype)
-        if _dtype_name(buf) == "bfloat16":
-            # MPI has no bfloat16: reduce in float32 (exact for the sum of a few values,
-            # and identical on every rank), then round back.
-            wide = view.astype(np.float32)
-            self.comm.Allreduce(MPI.IN_PLACE, wide, op=mpi_op(op))
-            view[...] = wide.astype(view.dtype)
-        else:
-            self.comm.Allreduce(MPI.IN_PLACE, view, op=mpi_op(op))
+        host_allreduce(self.comm, host[:nbytes].view(buf.dtype), op)
         ops.wait(self.h2d_stream, ready)
         ops.h2d(ops.ptr(buf), host, nbytes, self.h2d_stream)
         done = ops.new_event()

@@ -131,3 +131,43 @@ def test_plan_cache_reuses_plans(comm: Any) -> None:
     after_first = len(comm._plans)
     comm.allreduce(buf, algorithm="rhd")
     agree([] if len(comm._plans) == after_first else ["second identical call built a new plan"])
+
+
+def test_native_widens_half_types_mpi_cannot_reduce(comm: Any,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An MPI without a float16 type (Open MPI; bfloat16 everywhere): ``native`` reduces a
+    float32 copy and rounds back once — right, and the same on every rank."""
+    import collectives.transport as transport
+
+    monkeypatch.setattr(transport, "mpi_reduces", lambda dtype: str(dtype) != "float16")
+    widened: list[str] = []
+    real = transport.host_allreduce
+
+    def spy(mpi_comm: Any, arr: np.ndarray, op: str) -> None:
+        widened.append(str(arr.dtype))
+        real(mpi_comm, arr, op)
+
+    monkeypatch.setattr(transport, "host_allreduce", spy)
+    fails: list[str] = []
+    for op in OPS:
+        for count in (0, 1, 37, 4099):
+            buf = np.empty(count, dtype=np.float16)
+            fill_input(buf, comm.rank, op)
+            comm.allreduce(buf, op=op, algorithm="native")
+            exp = expected_result(count, "float16", op, comm.size)
+            ok = (np.allclose(buf, exp, rtol=1e-2) if op == "avg" else
+                  np.array_equal(buf, exp))
+            if not ok:
+                fails.append(f"native float16 {op} count={count}: {buf[:4]} != {exp[:4]}")
+            if len(set(WORLD.allgather(hashlib.sha256(buf.tobytes()).hexdigest()))) > 1:
+                fails.append(f"native float16 {op} count={count}: ranks differ")
+    if comm.size > 1 and set(widened) != {"float16"}:
+        fails.append(f"native did not take the host float32 path: {widened}")
+    agree(fails)
+
+
+def test_mpi_reduces_knows_the_half_types() -> None:
+    from collectives.transport import mpi_reduces
+
+    agree([] if not mpi_reduces("bfloat16") and mpi_reduces("float32") else
+          ["bfloat16 must be widened (MPI has no bfloat16 type)"])

@@ -119,3 +119,24 @@ def test_multiring_params_defaults_and_errors() -> None:
                                                      "per ring"), ({"bogus": 1}, "bogus")]:
         with pytest.raises(ValueError, match=word):
             mr.check_params(bad, 4)
+
+
+def test_host_allreduce_widens_what_mpi_cannot_reduce(monkeypatch: pytest.MonkeyPatch) -> None:
+    import collectives.transport as transport
+
+    seen: list[str] = []
+
+    class Comm:
+        def Allreduce(self, sendbuf: object, recvbuf: np.ndarray, op: object) -> None:  # noqa: N802
+            seen.append(str(recvbuf.dtype))
+            recvbuf *= 3  # what three ranks' identical sums would give
+
+    buf = np.array([1.5, -2.25, 1025.0], dtype=np.float16)
+    monkeypatch.setattr(transport, "mpi_reduces", lambda dtype: False)
+    transport.host_allreduce(Comm(), buf, "sum")
+    assert seen == ["float32"]
+    # One rounding, of the float32 result: 3 × 1025 = 3075 rounds (to even) to 3076.
+    assert buf.tolist() == [4.5, -6.75, 3076.0]
+    monkeypatch.setattr(transport, "mpi_reduces", lambda dtype: True)
+    transport.host_allreduce(Comm(), buf, "sum")
+    assert seen == ["float32", "float16"]
