@@ -1,7 +1,8 @@
 # ringtune: the two commands of the README.
 #   make tune   tune this machine (venv, install, `ringtune tune`) -> profiles/local.yaml
 #   make test   lint, type-check, unit tests, MPI tests at 1..4 ranks, GPU tests (skip w/o GPU),
-#               and the GPU code checked against the real CUDA packages (cuda-static)
+#               the GPU code checked against the real CUDA packages (cuda-static), and the
+#               GPU tests on a simulated GPU (gpu-sim)
 # Everything is installed from nothing into .venv (Python packages only; MPI is the mpich wheel);
 # cuda-static uses a second environment, .venv-cuda, with the `cuda` extra (~1.2 GB).
 
@@ -16,7 +17,7 @@ PYTEST_MPI := $(PY) -m mpi4py -m pytest -q -p no:cacheprovider
 CUDA_VENV ?= .venv-cuda
 CUDA_PY := $(CUDA_VENV)/bin/python
 
-.PHONY: all install test lint unit mpi gpu cuda-static tune bench clean
+.PHONY: all install test lint unit mpi gpu cuda-static gpu-sim tune bench clean
 
 all: test
 
@@ -57,8 +58,21 @@ gpu: install
 cuda-static: $(CUDA_VENV)/.installed
 	$(CUDA_PY) -m pytest -q -p no:cacheprovider -rs tests/unit/test_cuda_*.py
 
+# tests/gpu on the CPU, against the simulated GPU of tests/fakegpu (queued stream work runs
+# later in a seeded random order; kernels run thread by thread): every rank count, then
+# CUDA-aware `mpi` beside `staged`. A seed per run varies the schedules.
+gpu-sim: $(CUDA_VENV)/.installed
+	@set -e; for n in $(NP_LIST); do \
+	  echo "== tests/gpu on the simulated GPU, mpiexec -n $$n"; \
+	  RINGTUNE_FAKE_GPU=1 RINGTUNE_FAKE_GPU_SEED=$$n timeout $(MPI_TEST_TIMEOUT) \
+	    $(CUDA_VENV)/bin/mpiexec -n $$n $(CUDA_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/gpu; \
+	done; \
+	echo "== tests/gpu on the simulated GPU with CUDA-aware MPI, mpiexec -n 3"; \
+	RINGTUNE_FAKE_GPU=1 RINGTUNE_CUDA_AWARE=1 RINGTUNE_FAKE_GPU_SEED=7 timeout $(MPI_TEST_TIMEOUT) \
+	  $(CUDA_VENV)/bin/mpiexec -n 3 $(CUDA_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/gpu
+
 # GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
-test: lint gpu unit cuda-static mpi
+test: lint gpu unit cuda-static gpu-sim mpi
 
 tune: install
 	$(VENV)/bin/ringtune tune --out profiles/local.yaml

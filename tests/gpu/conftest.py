@@ -1,18 +1,30 @@
 """Shared set-up of the GPU tests: skip everything, with the reason, where there is no GPU.
 
 Run single-process (``pytest tests/gpu``, world size 1) or under
-``mpiexec -n K python -m mpi4py -m pytest tests/gpu``. Multi-rank assertions go through
-``agree`` so that every rank fails together (no rank left hanging in a collective).
+``mpiexec -n K python -m mpi4py -m pytest tests/gpu``. With ``RINGTUNE_FAKE_GPU=1``
+they run on the CPU against the simulated GPU of ``tests/fakegpu`` (``make gpu-sim``).
+Multi-rank assertions go through ``agree`` so that every rank fails together (no rank left
+hanging in a collective).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from collectives.cuda.detect import cupy_status
+if os.environ.get("RINGTUNE_FAKE_GPU") == "1":
+    # The simulated GPU (tests/fakegpu/cupy): first on the path of this process and of the
+    # ranks it launches, before anything imports CuPy.
+    _FAKE = str(Path(__file__).resolve().parents[1] / "fakegpu")
+    sys.path.insert(0, _FAKE)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_FAKE, os.environ.get("PYTHONPATH")) if p)
+
+from collectives.cuda.detect import cupy_status  # noqa: E402 - after the simulated GPU
 
 from ..mpi_support import agree, silence_other_ranks
 

@@ -23,33 +23,10 @@ import pytest
 
 from collectives.cuda import kernels as K
 
-CXX = shutil.which("g++") or shutil.which("clang++")
+from ..fakegpu.cupy import _hostkernels as hostkernels
+
+CXX = hostkernels.compiler()
 NVCC = shutil.which("nvcc")
-
-SHIM = """
-#include <cstdint>
-struct rt_dim3 { unsigned int x, y, z; };
-static rt_dim3 blockIdx, threadIdx, blockDim, gridDim;
-#define __global__
-#define __device__
-#define __forceinline__ inline
-struct alignas(16) float4 { float x, y, z, w; };
-struct alignas(16) double2 { double x, y; };
-struct alignas(16) int4 { int x, y, z, w; };
-struct alignas(16) longlong2 { long long x, y; };
-"""
-
-LAUNCHER = """
-extern "C" void launch_{name}(void* dst, const void* src, long long n, long long head,
-                              int vec, unsigned grid, unsigned block) {{
-    gridDim.x = grid; blockDim.x = block;
-    for (unsigned b = 0; b < grid; ++b)
-        for (unsigned t = 0; t < block; ++t) {{
-            blockIdx.x = b; threadIdx.x = t;
-            {ns}::{name}(({ns}::rt_t*)dst, (const {ns}::rt_t*)src, n, head, vec);
-        }}
-}}
-"""
 
 CASES = [(d, op) for d in K.RAW_TYPES for op in K.KERNEL_OPS]
 
@@ -57,10 +34,10 @@ CASES = [(d, op) for d in K.RAW_TYPES for op in K.KERNEL_OPS]
 def _all_sources(wrap_launcher: bool) -> str:
     parts = []
     for i, (dtype, op) in enumerate(CASES):
-        ns = f"k{i}"
-        parts.append(f"namespace {ns} {{\n{K.reduce_source(dtype, op)}\n}}\n")
-        if wrap_launcher:
-            parts.append(LAUNCHER.format(name=K.kernel_name(dtype, op), ns=ns))
+        name, ns = K.kernel_name(dtype, op), f"k{i}"
+        source = K.reduce_source(dtype, op)
+        parts.append(hostkernels.wrap(source, name, ns) if wrap_launcher else
+                     f"namespace {ns} {{\n{source}\n}}\n")
     return "\n".join(parts)
 
 
@@ -68,13 +45,7 @@ def _all_sources(wrap_launcher: bool) -> str:
 def emulated(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     if CXX is None:
         pytest.skip("no host C++ compiler (g++/clang++) to emulate the kernels")
-    d = tmp_path_factory.mktemp("kern")
-    src = d / "kernels.cpp"
-    src.write_text(SHIM + _all_sources(True))
-    lib = d / "kernels.so"
-    subprocess.run([CXX, "-O1", "-std=c++17", "-shared", "-fPIC", "-o", str(lib), str(src)],
-                   check=True, capture_output=True, text=True)
-    return ctypes.CDLL(str(lib))
+    return hostkernels.build(_all_sources(True), tmp_path_factory.mktemp("kern"))
 
 
 def _data(dtype: str, n: int, rng: np.random.Generator, nans: bool) -> np.ndarray:
@@ -96,9 +67,7 @@ def _expected(dst: np.ndarray, src: np.ndarray, op: str) -> np.ndarray:
 def test_emulated_kernel_matches_numpy(emulated: ctypes.CDLL, dtype: str, op: str) -> None:
     rng = np.random.default_rng(7)
     item = np.dtype(dtype).itemsize
-    fn = getattr(emulated, "launch_" + K.kernel_name(dtype, op))
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong,
-                   ctypes.c_int, ctypes.c_uint, ctypes.c_uint]
+    fn = hostkernels.launcher(emulated, K.kernel_name(dtype, op))
     checked_vec = checked_scalar = 0
     for n in (1, 2, 3, 5, 8, 17, 64, 1000, 4099):
         for doff in range(0, 16 // item + 1):

@@ -1,0 +1,156 @@
+"""``cupy.cuda`` of the simulated GPU: devices, streams, events, pinned memory.
+
+Streams queue their work (``_enqueue``); the engine runs it later (see ``.._engine``).
+The default (null) stream, and an ``ExternalStream``, run work at once — as if the GPU
+had finished it before the call returned, one of the orders a real GPU may pick; ringtune's
+own work always goes to its non-blocking streams, which is what the simulation tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from .._engine import ENGINE, MEMORY, _Wait
+from . import nccl, runtime
+
+__all__ = ["Device", "Event", "ExternalStream", "Stream", "alloc_pinned_memory",
+           "get_current_stream", "nccl", "runtime"]
+
+_ptrs = itertools.count(0x1000, 0x10)
+#: Streams by handle, for ``runtime.memcpyAsync(..., stream_ptr)``.
+STREAMS: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
+_current: list[Stream] = []
+
+
+class Device:
+    def __init__(self, device: int | None = None) -> None:
+        self.id = runtime.getDevice() if device is None else int(device)
+        if not 0 <= self.id < runtime.getDeviceCount():
+            raise runtime.CUDARuntimeError(f"cudaErrorInvalidDevice: device {self.id}")
+        self._saved: list[int] = []
+
+    def use(self) -> None:
+        runtime.setDevice(self.id)
+
+    def __enter__(self) -> Device:
+        self._saved.append(runtime.getDevice())
+        runtime.setDevice(self.id)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        runtime.setDevice(self._saved.pop())
+
+
+class Stream:
+    """A CUDA stream; ``non_blocking`` streams queue their work for the engine."""
+
+    null: Stream
+
+    def __init__(self, null: bool = False, non_blocking: bool = False, ptds: bool = False,
+                 priority: Any = None, *, _ptr: int | None = None) -> None:
+        self._eager = null or _ptr is not None
+        self.ptr = 0 if null else (_ptr if _ptr is not None else next(_ptrs))
+        self._non_blocking = bool(non_blocking)
+        self.device_id = runtime.getDevice()
+        self.queue: deque[Any] = deque()
+        self.completed = 0
+        if not self._eager:
+            ENGINE.register(self)
+            STREAMS[self.ptr] = self
+
+    @property
+    def is_non_blocking(self) -> bool:
+        return self._non_blocking
+
+    def _enqueue(self, op: Any) -> None:
+        if self._eager:
+            op()
+            self.completed += 1
+        else:
+            self.queue.append(op)
+
+    def synchronize(self) -> None:
+        ENGINE.run_until(lambda: not self.queue)
+
+    @property
+    def done(self) -> bool:
+        ENGINE.background()
+        return not self.queue
+
+    def wait_event(self, event: Event) -> None:
+        if event._stream is None:
+            return  # never recorded: nothing to wait for (as CUDA)
+        w = _Wait(event._stream, event._count)
+        if self._eager:
+            ENGINE.run_until(w.ready)
+        else:
+            self.queue.append(w)
+
+    def record(self, event: Event | None = None) -> Event:
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def use(self) -> Stream:
+        if _current:
+            _current[-1] = self
+        else:
+            _current.append(self)
+        return self
+
+    def __enter__(self) -> Stream:
+        _current.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _current.pop()
+
+
+Stream.null = Stream(null=True)
+
+
+def ExternalStream(ptr: int, device_id: int = -1) -> Stream:  # noqa: N802 - CuPy's name
+    return STREAMS.get(int(ptr)) or Stream(_ptr=int(ptr))
+
+
+def get_current_stream(device_id: int = -1) -> Stream:
+    return _current[-1] if _current else Stream.null
+
+
+class Event:
+    """A point in a stream's work; ``done`` once the stream has run up to it."""
+
+    def __init__(self, block: bool = False, disable_timing: bool = False,
+                 interprocess: bool = False) -> None:
+        self._stream: Stream | None = None
+        self._count = 0
+
+    def record(self, stream: Stream | None = None) -> None:
+        s = stream if stream is not None else Stream.null
+        self._stream = s
+        self._count = s.completed + len(s.queue)
+
+    def _happened(self) -> bool:
+        return self._stream is None or self._stream.completed >= self._count
+
+    @property
+    def done(self) -> bool:
+        ENGINE.background()
+        return self._happened()
+
+    def synchronize(self) -> None:
+        ENGINE.run_until(self._happened)
+
+
+def alloc_pinned_memory(size: int) -> np.ndarray:
+    """Page-locked host memory: an ordinary host buffer the copies know to be pinned (they
+    then read and write it when they run, not when they are queued)."""
+    buf = np.zeros(max(1, int(size)), dtype=np.uint8)
+    MEMORY.add(int(buf.__array_interface__["data"][0]), buf.nbytes, buf, pinned=True,
+               device=-1)
+    return buf
