@@ -59,17 +59,22 @@ cuda-static: $(CUDA_VENV)/.installed
 	$(CUDA_PY) -m pytest -q -p no:cacheprovider -rs tests/unit/test_cuda_*.py
 
 # tests/gpu on the CPU, against the simulated GPU of tests/fakegpu (queued stream work runs
-# later in a seeded random order; kernels run thread by thread): every rank count, then
-# CUDA-aware `mpi` beside `staged`. A seed per run varies the schedules.
+# later in a seeded random order; kernels run thread by thread; NCCL is carried by MPI):
+# every rank count sharing one GPU (staged; nccl refused), CUDA-aware `mpi` at 3 ranks, and
+# one GPU per rank (nccl) at 2 and 3. A seed per run varies the schedules.
+SIM = RINGTUNE_FAKE_GPU=1 timeout $(MPI_TEST_TIMEOUT) env
+SIM_PYTEST = $(CUDA_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/gpu
 gpu-sim: $(CUDA_VENV)/.installed
 	@set -e; for n in $(NP_LIST); do \
-	  echo "== tests/gpu on the simulated GPU, mpiexec -n $$n"; \
-	  RINGTUNE_FAKE_GPU=1 RINGTUNE_FAKE_GPU_SEED=$$n timeout $(MPI_TEST_TIMEOUT) \
-	    $(CUDA_VENV)/bin/mpiexec -n $$n $(CUDA_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/gpu; \
+	  echo "== tests/gpu, simulated GPU shared by $$n rank(s)"; \
+	  $(SIM) RINGTUNE_FAKE_GPU_SEED=$$n $(CUDA_VENV)/bin/mpiexec -n $$n $(SIM_PYTEST); \
 	done; \
-	echo "== tests/gpu on the simulated GPU with CUDA-aware MPI, mpiexec -n 3"; \
-	RINGTUNE_FAKE_GPU=1 RINGTUNE_CUDA_AWARE=1 RINGTUNE_FAKE_GPU_SEED=7 timeout $(MPI_TEST_TIMEOUT) \
-	  $(CUDA_VENV)/bin/mpiexec -n 3 $(CUDA_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/gpu
+	echo "== tests/gpu, simulated GPU, CUDA-aware MPI, 3 ranks"; \
+	$(SIM) RINGTUNE_CUDA_AWARE=1 RINGTUNE_FAKE_GPU_SEED=7 $(CUDA_VENV)/bin/mpiexec -n 3 $(SIM_PYTEST); \
+	for n in 2 3; do \
+	  echo "== tests/gpu, one simulated GPU per rank (nccl), $$n ranks"; \
+	  $(SIM) RINGTUNE_FAKE_GPUS=4 RINGTUNE_FAKE_GPU_SEED=1$$n $(CUDA_VENV)/bin/mpiexec -n $$n $(SIM_PYTEST); \
+	done
 
 # GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
 test: lint gpu unit cuda-static gpu-sim mpi

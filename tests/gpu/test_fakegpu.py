@@ -130,3 +130,44 @@ def test_kernel_bodies_follow_c() -> None:
     assert np.array_equal(got, np.minimum(y, x), equal_nan=True)
     with pytest.raises(ValueError, match="unknown name"):
         _cexpr.run("y = y + z", {"y": y})
+
+
+def test_nccl_transport_without_its_wait_delivers_wrong_data(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NCCL stream must wait for the reductions queued before a send; the simulated NCCL
+    (over MPI, on the streams) shows what happens when it does not."""
+    import cupy
+    from mpi4py import MPI
+
+    from collectives import Communicator
+    from collectives.bench import expected_result, fill_input
+    from collectives.cuda import available_transports
+    from collectives.cuda.transports import _NcclLink
+
+    from .conftest import agree
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() < 2 or "nccl" not in available_transports(world):
+        pytest.skip("needs two ranks with a GPU each (RINGTUNE_FAKE_GPUS >= ranks)")
+
+    def correct(c: Any, seed: int) -> bool:
+        _engine().ENGINE.rng.seed(seed)
+        right = True
+        for algo in ("multiring", "rhd", "hierarchical"):
+            for count in (1, 7, 37, 4099):
+                host = np.empty(count, dtype=np.float16)
+                fill_input(host, c.rank, "sum")
+                buf = cupy.asarray(host)
+                c.allreduce(buf, algorithm=algo, transport="nccl")
+                right &= bool(np.array_equal(cupy.asnumpy(buf), expected_result(
+                    count, "float16", "sum", c.size)))
+        return right
+
+    c = Communicator(world)
+    ok = all(world.allgather(all(correct(c, seed) for seed in range(4))))
+    monkeypatch.setattr(_NcclLink, "_enter", lambda self: None)
+    c.clear_plans()
+    broken = all(world.allgather(all(correct(c, seed) for seed in range(4))))
+    c.close()
+    agree([] if ok and not broken else
+          [f"with its wait: right={ok}; without: right={broken} (expected True, False)"])

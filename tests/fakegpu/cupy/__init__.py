@@ -16,10 +16,15 @@ tests use, with the semantics that matter to them:
 * ``RawKernel`` compiles ringtune's CUDA source for the CPU and runs every thread of the
   grid (``_hostkernels``); ``ElementwiseKernel`` evaluates its C body with C's rules
   (``_cexpr``), half types computed in float and rounded on assignment;
-* ``cupy.cuda.nccl`` reports NCCL as not installed.
+* ``cupy.cuda.nccl`` is NCCL's interface carried by MPI on the streams (``cuda/nccl.py``);
+  with ``RINGTUNE_FAKE_GPUS`` ≥ ranks every rank has its own GPU and the ``nccl`` transport
+  runs.
 
-What it cannot tell: anything about CUDA itself (real concurrency, kernel speed, driver
-errors, pinned-pool reuse, NCCL). Those need ``tests/gpu/device_check.sh`` on a GPU.
+The GPU progresses only while the host waits for it or polls it (a real one runs on its
+own), so a rank blocked in MPI while its peer waits for this rank's queued NCCL work would
+hang — correct code never leaves GPU communication un-awaited. What it cannot tell:
+anything about CUDA itself (concurrency inside a kernel, speed, driver errors, CuPy's
+pinned-pool reuse, the real NCCL library). Those need ``tests/gpu/device_check.sh``.
 """
 
 from __future__ import annotations

@@ -61,17 +61,30 @@ class Engine:
         while changed:
             changed = False
             for s in list(self.streams):
-                while s.queue and isinstance(s.queue[0], _Wait) and s.queue[0].ready():
+                if s.inflight is not None and s.inflight():
+                    s.inflight = None
+                    s.completed += 1
+                    changed = True
+                while (s.inflight is None and s.queue and isinstance(s.queue[0], _Wait)
+                       and s.queue[0].ready()):
                     s.queue.popleft()
                     s.completed += 1
                     changed = True
-        return [s for s in list(self.streams) if s.queue and not isinstance(s.queue[0], _Wait)]
+        return [s for s in list(self.streams) if s.inflight is None and s.queue
+                and not isinstance(s.queue[0], _Wait)]
 
     def step(self) -> bool:
-        """Run one queued operation of a randomly chosen runnable stream; False when none
-        is runnable. Raises ``SimulatedDeadlock`` when work is queued but all of it waits."""
+        """Run one queued operation of a randomly chosen runnable stream; False when nothing
+        is runnable or in flight. An operation may return a poll function (communication
+        it has started): its stream then stays busy until the poll says done. Raises
+        ``SimulatedDeadlock`` when work is queued but all of it waits for nothing."""
         ready = self._runnable()
         if not ready:
+            if any(s.inflight is not None for s in list(self.streams)):
+                # Communication in flight: polling it is the progress. Yield the CPU so
+                # that oversubscribed peer ranks get to post what it waits for.
+                os.sched_yield()
+                return True
             stuck = [s for s in list(self.streams) if s.queue]
             if stuck:
                 detail = "; ".join(
@@ -83,8 +96,11 @@ class Engine:
             return False
         s = self.rng.choice(sorted(ready, key=lambda x: x.ptr))
         op = s.queue.popleft()
-        op()
-        s.completed += 1
+        poll = op()
+        if callable(poll):
+            s.inflight = poll
+        else:
+            s.completed += 1
         self.ops_run += 1
         return True
 

@@ -59,6 +59,7 @@ class Stream:
         self.device_id = runtime.getDevice()
         self.queue: deque[Any] = deque()
         self.completed = 0
+        self.inflight: Any = None  # poll function of started communication
         if not self._eager:
             ENGINE.register(self)
             STREAMS[self.ptr] = self
@@ -69,18 +70,23 @@ class Stream:
 
     def _enqueue(self, op: Any) -> None:
         if self._eager:
-            op()
+            poll = op()
+            while callable(poll) and not poll():
+                ENGINE.background()
             self.completed += 1
         else:
             self.queue.append(op)
 
+    def _idle(self) -> bool:
+        return not self.queue and self.inflight is None
+
     def synchronize(self) -> None:
-        ENGINE.run_until(lambda: not self.queue)
+        ENGINE.run_until(self._idle)
 
     @property
     def done(self) -> bool:
         ENGINE.background()
-        return not self.queue
+        return self._idle()
 
     def wait_event(self, event: Event) -> None:
         if event._stream is None:
