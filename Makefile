@@ -61,7 +61,7 @@ cuda-static: $(CUDA_VENV)/.installed
 # tests/gpu on the CPU, against the simulated GPU of tests/fakegpu (queued stream work runs
 # later in a seeded random order; kernels run thread by thread; NCCL is carried by MPI):
 # every rank count sharing one GPU (staged; nccl refused), CUDA-aware `mpi` at 3 ranks, and
-# one GPU per rank (nccl) at 2 and 3. A seed per run varies the schedules.
+# one GPU per rank (nccl) at 1-3. A seed per run varies the schedules.
 SIM = RINGTUNE_FAKE_GPU=1 timeout $(MPI_TEST_TIMEOUT) env
 SIM_PYTEST = $(CUDA_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/gpu
 gpu-sim: $(CUDA_VENV)/.installed
@@ -71,7 +71,7 @@ gpu-sim: $(CUDA_VENV)/.installed
 	done; \
 	echo "== tests/gpu, simulated GPU, CUDA-aware MPI, 3 ranks"; \
 	$(SIM) RINGTUNE_CUDA_AWARE=1 RINGTUNE_FAKE_GPU_SEED=7 $(CUDA_VENV)/bin/mpiexec -n 3 $(SIM_PYTEST); \
-	for n in 2 3; do \
+	for n in 1 2 3; do \
 	  echo "== tests/gpu, one simulated GPU per rank (nccl), $$n ranks"; \
 	  $(SIM) RINGTUNE_FAKE_GPUS=4 RINGTUNE_FAKE_GPU_SEED=1$$n $(CUDA_VENV)/bin/mpiexec -n $$n $(SIM_PYTEST); \
 	done

@@ -124,9 +124,18 @@ def run(args: argparse.Namespace) -> int:
     params = _check_algorithm(args.algo, params, comm.size)
     what = (f"algorithm {args.algo}" if args.algo else
             f"profile {args.profile}" if args.profile else "built-in defaults")
+    if args.transport:
+        moved_by = args.transport
+    elif args.algo or backend == "numpy":
+        from collectives.backend import get_backend
+        from collectives.transport import default_transport
+
+        moved_by = default_transport(get_backend(backend))
+    else:
+        moved_by = "per profile rule"
     if rank0 and not to_stdout_json:
         print(f"# ringtune bench: {comm.size} ranks on {len(set(comm.hosts))} host(s), "
-              f"{what}, {args.datatype} {args.op}, backend {backend}, "
+              f"{what}, {args.datatype} {args.op}, backend {backend}, transport {moved_by}, "
               f"warmup {args.warmup_iters}, iters {args.iters}, check {args.check}")
         print("#")
         print("#" + format_header()[1:])
