@@ -75,6 +75,9 @@ gpu-sim: $(CUDA_VENV)/.installed
 	  echo "== tests/gpu, one simulated GPU per rank (nccl), $$n ranks"; \
 	  $(SIM) RINGTUNE_FAKE_GPUS=4 RINGTUNE_FAKE_GPU_SEED=1$$n $(CUDA_VENV)/bin/mpiexec -n $$n $(SIM_PYTEST); \
 	done
+	@echo "== tests/gpu/device_check.sh on the simulated GPU (a rehearsal of the GPU machine's run)"
+	RINGTUNE_FAKE_GPU=1 PYTHONPATH=$(CURDIR)/tests/fakegpu RINGTUNE_GPU_PYTHON=$(CURDIR)/$(CUDA_PY) \
+	  RINGTUNE_CHECK_KERNEL_MIB=4 bash tests/gpu/device_check.sh build/device-check-sim
 
 # GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
 test: lint gpu unit cuda-static gpu-sim mpi

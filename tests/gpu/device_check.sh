@@ -9,6 +9,7 @@
 #   4. `ringtune bench -G` at 2 ranks: native and multiring over the staged transport.
 # Every step writes LOG_DIR/<step>.log; LOG_DIR/summary.txt has the verdicts and timings,
 # LOG_DIR/env.txt the machine (GPU, CUDA, NCCL, CUDA-aware MPI, binding).
+# RINGTUNE_CHECK_KERNEL_MIB sets the kernel benchmark's buffer size (default 256, issue 5's).
 # RINGTUNE_GPU_PYTHON picks the interpreter (default: .venv, else a venv in /tmp that sees
 # the system's packages). Total time stays under RINGTUNE_CHECK_BUDGET seconds (default 285: < 5 minutes on one
 # H200); steps that no longer fit are skipped and say so. Exit 0 when every test step
@@ -135,13 +136,14 @@ step() {
 }
 
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rs)
-step unit_cuda 30 test "${PYTEST[@]}" tests/unit/test_cuda_detect.py \
+step unit_cuda 40 test "${PYTEST[@]}" tests/unit/test_cuda_detect.py tests/unit/test_cuda_packages.py \
   tests/unit/test_cuda_kernels.py tests/unit/test_cuda_transports.py
 # n1 compiles every reduction kernel (NVRTC, ~1 s per ElementwiseKernel) into CuPy's
 # on-disk cache; n2 and the benchmarks then reuse it.
 step gpu_tests_n1 90 test "$MPIEXEC" -n 1 "$PY" -m mpi4py -m pytest -q -p no:cacheprovider -rs tests/gpu
 step gpu_tests_n2 90 test "$MPIEXEC" -n 2 "$PY" -m mpi4py -m pytest -q -p no:cacheprovider -rs tests/gpu
-step bench_kernel 30 bench "$PY" benchmarks/bench_gpu.py kernel --json "$LOG_DIR/kernel.json"
+step bench_kernel 30 bench "$PY" benchmarks/bench_gpu.py kernel --mib "${RINGTUNE_CHECK_KERNEL_MIB:-256}" \
+  --json "$LOG_DIR/kernel.json"
 step bench_allreduce 40 bench "$PY" benchmarks/bench_gpu.py allreduce -np 2 -b 64K -e 64M \
   --iters 5 --json-dir "$LOG_DIR"
 

@@ -6,9 +6,10 @@ running work needs the device. So wherever ``ringtune[cuda]`` is installed (``ma
 cuda-static`` builds such an environment, and ``make test`` runs it) these tests check what
 the fakes of the other unit tests cannot:
 
-* every CuPy, NCCL and NVML call in ``collectives/cuda`` and ``probes`` names something the
-  installed package has, and binds to its signature (found from the source by AST, so a new
-  call is checked without editing this file);
+* every CuPy, NCCL and NVML call in ``collectives/cuda``, ``probes`` and
+  ``benchmarks/bench_gpu.py`` names something the installed package has, and binds to its
+  signature (found from the source by AST, so a new call is checked without editing this
+  file);
 * NCCL's datatype and op values equal the fallback table of ``collectives.cuda.transports``,
   and NCCL's version is read and printed the way ``load_nccl`` does;
 * every reduction kernel compiles with NVRTC as CuPy compiles it: the raw kernels as they
@@ -37,7 +38,8 @@ import pytest
 from collectives.cuda import kernels as K
 
 ROOT = Path(__file__).resolve().parents[2]
-CUDA_SOURCES = sorted((ROOT / "collectives" / "cuda").glob("*.py"))
+CUDA_SOURCES = [*sorted((ROOT / "collectives" / "cuda").glob("*.py")),
+                ROOT / "benchmarks" / "bench_gpu.py"]
 NVML_SOURCES = [ROOT / "probes" / "gpu.py", ROOT / "collectives" / "cuda" / "binding.py"]
 
 

@@ -261,6 +261,23 @@ class FakeNccl:
         return Comm()
 
 
+def without_machine_nccl() -> None:
+    """Keep this machine's NCCL out of these tests: where CuPy, a GPU and NCCL are installed,
+    a transport built without ``nccl=`` would load the real library and hand it the fake
+    backend's host pointers. ``FakeNccl`` is the only NCCL here."""
+    import collectives.cuda.transports as transports
+
+    transports.load_nccl = lambda: (None, "NCCL is simulated by FakeNccl in these tests")
+
+
+@pytest.fixture(autouse=True)
+def _no_machine_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
+    import collectives.cuda.transports as transports
+
+    monkeypatch.setattr(transports, "load_nccl",
+                        lambda: (None, "NCCL is simulated by FakeNccl in these tests"))
+
+
 def make(kind: str, comm: Any, ops: FakeOps, backend: FakeBackend, piece: int = 64) -> Any:
     from collectives.cuda.transports import NcclTransport, StagedTransport
 
@@ -528,6 +545,7 @@ def main() -> int:
     from collectives.cuda.errors import GpuError
     from collectives.errors import AgreementError
 
+    without_machine_nccl()
     world = MPI.COMM_WORLD
     rank, n = world.Get_rank(), world.Get_size()
     failures: list[str] = []

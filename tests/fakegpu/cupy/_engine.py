@@ -63,12 +63,12 @@ class Engine:
             for s in list(self.streams):
                 if s.inflight is not None and s.inflight():
                     s.inflight = None
-                    s.completed += 1
+                    s._complete()
                     changed = True
                 while (s.inflight is None and s.queue and isinstance(s.queue[0], _Wait)
                        and s.queue[0].ready()):
                     s.queue.popleft()
-                    s.completed += 1
+                    s._complete()
                     changed = True
         return [s for s in list(self.streams) if s.inflight is None and s.queue
                 and not isinstance(s.queue[0], _Wait)]
@@ -100,7 +100,7 @@ class Engine:
         if callable(poll):
             s.inflight = poll
         else:
-            s.completed += 1
+            s._complete()
         self.ops_run += 1
         return True
 

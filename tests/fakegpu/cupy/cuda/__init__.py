@@ -9,6 +9,7 @@ own work always goes to its non-blocking streams, which is what the simulation t
 from __future__ import annotations
 
 import itertools
+import time
 import weakref
 from collections import deque
 from typing import Any
@@ -19,7 +20,7 @@ from .._engine import ENGINE, MEMORY, _Wait
 from . import nccl, runtime
 
 __all__ = ["Device", "Event", "ExternalStream", "Stream", "alloc_pinned_memory",
-           "get_current_stream", "nccl", "runtime"]
+           "get_current_stream", "get_elapsed_time", "nccl", "runtime"]
 
 _ptrs = itertools.count(0x1000, 0x10)
 #: Streams by handle, for ``runtime.memcpyAsync(..., stream_ptr)``.
@@ -60,9 +61,16 @@ class Stream:
         self.queue: deque[Any] = deque()
         self.completed = 0
         self.inflight: Any = None  # poll function of started communication
+        self._watch: dict[int, list[Event]] = {}  # events waiting for a completion count
         if not self._eager:
             ENGINE.register(self)
             STREAMS[self.ptr] = self
+
+    def _complete(self) -> None:
+        """One more queued item finished: the events recorded at this point happen now."""
+        self.completed += 1
+        for ev in self._watch.pop(self.completed, ()):
+            ev._when = time.perf_counter()
 
     @property
     def is_non_blocking(self) -> bool:
@@ -73,7 +81,7 @@ class Stream:
             poll = op()
             while callable(poll) and not poll():
                 ENGINE.background()
-            self.completed += 1
+            self._complete()
         else:
             self.queue.append(op)
 
@@ -129,17 +137,24 @@ def get_current_stream(device_id: int = -1) -> Stream:
 
 
 class Event:
-    """A point in a stream's work; ``done`` once the stream has run up to it."""
+    """A point in a stream's work; ``done`` once the stream has run up to it. Its time is
+    the host's clock when the stream got there (the simulation's times mean nothing)."""
 
     def __init__(self, block: bool = False, disable_timing: bool = False,
                  interprocess: bool = False) -> None:
         self._stream: Stream | None = None
         self._count = 0
+        self._when: float | None = None
 
     def record(self, stream: Stream | None = None) -> None:
         s = stream if stream is not None else Stream.null
         self._stream = s
-        self._count = s.completed + len(s.queue)
+        self._count = s.completed + len(s.queue) + (s.inflight is not None)
+        if self._count == s.completed:
+            self._when = time.perf_counter()
+        else:
+            self._when = None
+            s._watch.setdefault(self._count, []).append(self)
 
     def _happened(self) -> bool:
         return self._stream is None or self._stream.completed >= self._count
@@ -151,6 +166,14 @@ class Event:
 
     def synchronize(self) -> None:
         ENGINE.run_until(self._happened)
+
+
+def get_elapsed_time(start_event: Event, end_event: Event) -> float:
+    """Milliseconds between two events (both must have happened)."""
+    if not (start_event._happened() and end_event._happened()):
+        raise runtime.CUDARuntimeError("cudaErrorNotReady: an event has not happened yet")
+    assert start_event._when is not None and end_event._when is not None
+    return (end_event._when - start_event._when) * 1e3
 
 
 def alloc_pinned_memory(size: int) -> np.ndarray:
