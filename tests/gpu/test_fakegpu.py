@@ -2,8 +2,9 @@
 
 Its value is catching missing stream ordering, so that is tested first: work queued on a
 stream is not visible before it runs; a consumer stream that does not wait for a producer
-sees stale data under some schedule (and never when it waits); ringtune's ``staged``
-transport, with its waits removed, delivers wrong data. Then the rest of what the GPU
+sees stale data under some schedule (and never when it waits); ringtune's ``staged`` and
+``nccl`` transports, with their waits removed, deliver wrong data; a reduction not ordered
+after the caller's stream reads the buffer before the caller's write. Then the rest of what the GPU
 tests rely on: copy kinds refused as a driver would, and C semantics of kernel bodies.
 """
 
@@ -171,3 +172,29 @@ def test_nccl_transport_without_its_wait_delivers_wrong_data(
     c.close()
     agree([] if ok and not broken else
           [f"with its wait: right={ok}; without: right={broken} (expected True, False)"])
+
+
+def test_the_callers_stream_is_waited_for() -> None:
+    """``as_flat`` orders the backend's stream after the caller's current stream, where the
+    buffer was written; without it the reduction may read the buffer before the write."""
+    import cupy
+
+    from collectives.backend import get_backend
+
+    be: Any = get_backend("cupy")
+
+    def run(seed: int, ordered: bool) -> float:
+        _engine().ENGINE.rng.seed(seed)
+        user = cupy.cuda.Stream(non_blocking=True)
+        a = cupy.zeros(64, dtype=cupy.float32)
+        b = cupy.ones(64, dtype=cupy.float32)
+        with user:
+            a[...] = 5.0  # queued on the caller's stream
+            flat = be.as_flat(a) if ordered else a.reshape(-1)
+            be.reduce_into(flat, b, "sum")
+        be.synchronize()
+        user.synchronize()
+        return float(cupy.asnumpy(a)[0])
+
+    assert {run(seed, True) for seed in range(12)} == {6.0}
+    assert {run(seed, False) for seed in range(12)} != {6.0}

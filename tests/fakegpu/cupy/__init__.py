@@ -9,6 +9,9 @@ tests use, with the semantics that matter to them:
 
 * device memory is host memory; arrays remember their device, and ``CUDA_VISIBLE_DEVICES``
   is replaced by ``RINGTUNE_FAKE_GPUS`` (default 1 GPU, shared by every rank);
+* array writes (``a[...] = v``, ``a += 1``) are queued on the current stream like CuPy's
+  kernels, and results computed at once (``a + b``, ``float(a)``) first let the current
+  stream finish — so a caller writing on its own stream is ordered only by events;
 * work queued on a non-default stream — ``RawKernel``/``ElementwiseKernel`` launches inside
   ``with stream:``, ``runtime.memcpyAsync`` — runs later, in a seeded random order across
   streams, only as events and streams allow (``_engine``): a missing wait gives a wrong
@@ -66,6 +69,17 @@ def _new(a: np.ndarray, device: int | None = None) -> ndarray:
     return ndarray(a, dev, keep=owner)
 
 
+def _settle() -> None:
+    """Before array work done here at once: let the current stream finish what it has
+    queued (work on one stream runs in order; running it now is one order a GPU may pick)."""
+    cuda.get_current_stream().synchronize()
+
+
+def _on_stream(fn: Any) -> None:
+    """Array work that writes: queued on the current stream, like CuPy's kernels."""
+    cuda.get_current_stream()._enqueue(fn)
+
+
 def _unwrap(v: Any) -> Any:
     if isinstance(v, ndarray):
         return v._a
@@ -116,42 +130,58 @@ class ndarray:  # noqa: N801 - CuPy's name
         return self._view(self._a.view(dtype))
 
     def __getitem__(self, key: Any) -> ndarray:
-        out = self._a[_unwrap(key)]
-        if not isinstance(out, np.ndarray):  # CuPy returns 0-d arrays, not scalars
-            return _new(np.array(out), self._device)
+        key = _unwrap(key)
+        out = self._a[key]
+        if not isinstance(out, np.ndarray):  # an element: CuPy gives a 0-d view of it
+            k = key if isinstance(key, tuple) else (key,)
+            return self._view(self._a[(*k, Ellipsis)])
         return self._view(out)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._a[_unwrap(key)] = _unwrap(value)
+        a, k = self._a, _unwrap(key)
+
+        def write() -> None:
+            a[k] = _unwrap(value)
+
+        _on_stream(write)
 
     def __len__(self) -> int:
         return len(self._a)
 
     def astype(self, dtype: Any, copy: bool = True) -> ndarray:
+        _settle()
         return _new(self._a.astype(dtype), self._device)
 
     def copy(self) -> ndarray:
+        _settle()
         return _new(self._a.copy(), self._device)
 
     def get(self, stream: Any = None) -> np.ndarray:
         return asnumpy(self, stream=stream)
 
     def all(self) -> ndarray:
+        _settle()
         return _new(np.array(self._a.all()), self._device)
 
     def any(self) -> ndarray:
+        _settle()
         return _new(np.array(self._a.any()), self._device)
 
     def sum(self) -> ndarray:
+        _settle()
         return _new(np.array(self._a.sum()), self._device)
 
+    # Reading a value on the host: a blocking copy on the current stream.
     def __bool__(self) -> bool:
+        _settle()
         return bool(self._a)
 
     def __float__(self) -> float:
+        _settle()
         return float(self._a)
 
     def __int__(self) -> int:
+        _settle()
         return int(self._a)
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
@@ -180,12 +210,19 @@ class ndarray:  # noqa: N801 - CuPy's name
     def __dlpack_device__(self) -> tuple[int, int]:
         return (2, self._device)  # kDLCUDA
 
-    # -- arithmetic (eager, like work on the current stream that finished at once) -----------
+    # -- arithmetic: writes are queued on the current stream; results computed here at once
+    #    come after what that stream has queued (``_settle``) ----------------------------
     def _binop(self, other: Any, fn: Any) -> ndarray:
+        _settle()
         return _new(np.asarray(fn(self._a, _unwrap(other))), self._device)
 
     def _inplace(self, other: Any, fn: Any) -> ndarray:
-        fn(self._a, _unwrap(other), out=self._a)
+        a, o = self._a, other
+
+        def update() -> None:
+            fn(a, _unwrap(o), out=a)
+
+        _on_stream(update)
         return self
 
     def __add__(self, o: Any) -> ndarray:
@@ -222,6 +259,7 @@ class ndarray:  # noqa: N801 - CuPy's name
         return self._binop(o, np.greater)
 
     def __neg__(self) -> ndarray:
+        _settle()
         return _new(-self._a, self._device)
 
     __hash__ = None  # type: ignore[assignment]
