@@ -44,10 +44,7 @@ from ._engine import MEMORY
 __version__ = "14.2.0+ringtune.fake"
 
 float16, float32, float64 = np.float16, np.float32, np.float64
-int8, int16, int32, int64 = np.int8, np.int16, np.int32, np.int64
-uint8, uint32, uint64 = np.uint8, np.uint32, np.uint64
-complex64, complex128, bool_ = np.complex64, np.complex128, np.bool_
-dtype = np.dtype
+int32, int64, uint8, complex64 = np.int32, np.int64, np.uint8, np.complex64
 
 
 class _MemoryPointer:
@@ -106,7 +103,6 @@ class ndarray:  # noqa: N801 - CuPy's name
     itemsize = property(lambda self: self._a.itemsize)
     nbytes = property(lambda self: self._a.nbytes)
     strides = property(lambda self: self._a.strides)
-    device = property(lambda self: cuda.Device(self._device))
 
     @property
     def flags(self) -> Any:
@@ -122,9 +118,6 @@ class ndarray:  # noqa: N801 - CuPy's name
 
     def reshape(self, *shape: Any) -> ndarray:
         return self._view(self._a.reshape(*shape))
-
-    def ravel(self) -> ndarray:
-        return self._view(self._a.ravel())
 
     def view(self, dtype: Any) -> ndarray:
         return self._view(self._a.view(dtype))
@@ -156,20 +149,9 @@ class ndarray:  # noqa: N801 - CuPy's name
         _settle()
         return _new(self._a.copy(), self._device)
 
-    def get(self, stream: Any = None) -> np.ndarray:
-        return asnumpy(self, stream=stream)
-
     def all(self) -> ndarray:
         _settle()
         return _new(np.array(self._a.all()), self._device)
-
-    def any(self) -> ndarray:
-        _settle()
-        return _new(np.array(self._a.any()), self._device)
-
-    def sum(self) -> ndarray:
-        _settle()
-        return _new(np.array(self._a.sum()), self._device)
 
     # Reading a value on the host: a blocking copy on the current stream.
     def __bool__(self) -> bool:
@@ -185,8 +167,8 @@ class ndarray:  # noqa: N801 - CuPy's name
         return int(self._a)
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
-        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use "
-                        "`.get()` to construct a NumPy array explicitly.")
+        raise TypeError("Implicit conversion to a NumPy array is not allowed: use "
+                        "cupy.asnumpy()")
 
     def __repr__(self) -> str:
         return f"fake_cupy.ndarray(device={self._device}, {self._a!r})"
@@ -228,39 +210,14 @@ class ndarray:  # noqa: N801 - CuPy's name
     def __add__(self, o: Any) -> ndarray:
         return self._binop(o, np.add)
 
-    def __sub__(self, o: Any) -> ndarray:
-        return self._binop(o, np.subtract)
-
-    def __mul__(self, o: Any) -> ndarray:
-        return self._binop(o, np.multiply)
-
-    def __truediv__(self, o: Any) -> ndarray:
-        return self._binop(o, np.true_divide)
-
     def __iadd__(self, o: Any) -> ndarray:
         return self._inplace(o, np.add)
-
-    def __isub__(self, o: Any) -> ndarray:
-        return self._inplace(o, np.subtract)
-
-    def __imul__(self, o: Any) -> ndarray:
-        return self._inplace(o, np.multiply)
 
     def __eq__(self, o: Any) -> ndarray:  # type: ignore[override]
         return self._binop(o, np.equal)
 
     def __ne__(self, o: Any) -> ndarray:  # type: ignore[override]
         return self._binop(o, np.not_equal)
-
-    def __lt__(self, o: Any) -> ndarray:
-        return self._binop(o, np.less)
-
-    def __gt__(self, o: Any) -> ndarray:
-        return self._binop(o, np.greater)
-
-    def __neg__(self) -> ndarray:
-        _settle()
-        return _new(-self._a, self._device)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -316,13 +273,6 @@ def asarray(obj: Any, dtype: Any = None) -> ndarray:
         return arr if dtype is None else arr.astype(dtype)
     # Host data: a copy to the device (CuPy stages pageable memory before returning).
     return _new(np.array(obj, dtype=dtype, copy=True))
-
-
-array = asarray
-
-
-def ascontiguousarray(a: ndarray) -> ndarray:
-    return a if a.flags.c_contiguous else _new(np.ascontiguousarray(a._a), a._device)
 
 
 def asnumpy(a: Any, stream: Any = None, order: str = "C", out: Any = None, *,

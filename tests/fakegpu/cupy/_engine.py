@@ -49,7 +49,6 @@ class Engine:
     def __init__(self) -> None:
         self.rng = random.Random(int(os.environ.get("RINGTUNE_FAKE_GPU_SEED", "0")))
         self.streams: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.ops_run = 0
 
     def register(self, stream: Any) -> None:
         self.streams.add(stream)
@@ -101,7 +100,6 @@ class Engine:
             s.inflight = poll
         else:
             s._complete()
-        self.ops_run += 1
         return True
 
     def run_until(self, done: Callable[[], bool]) -> None:

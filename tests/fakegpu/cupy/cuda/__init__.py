@@ -1,7 +1,7 @@
 """``cupy.cuda`` of the simulated GPU: devices, streams, events, pinned memory.
 
 Streams queue their work (``_enqueue``); the engine runs it later (see ``.._engine``).
-The default (null) stream, and an ``ExternalStream``, run work at once — as if the GPU
+The default (null) stream runs work at once — as if the GPU
 had finished it before the call returned, one of the orders a real GPU may pick; ringtune's
 own work always goes to its non-blocking streams, which is what the simulation tests.
 """
@@ -19,7 +19,7 @@ import numpy as np
 from .._engine import ENGINE, MEMORY, _Wait
 from . import nccl, runtime
 
-__all__ = ["Device", "Event", "ExternalStream", "Stream", "alloc_pinned_memory",
+__all__ = ["Device", "Event", "Stream", "alloc_pinned_memory",
            "get_current_stream", "get_elapsed_time", "nccl", "runtime"]
 
 _ptrs = itertools.count(0x1000, 0x10)
@@ -53,9 +53,9 @@ class Stream:
     null: Stream
 
     def __init__(self, null: bool = False, non_blocking: bool = False, ptds: bool = False,
-                 priority: Any = None, *, _ptr: int | None = None) -> None:
-        self._eager = null or _ptr is not None
-        self.ptr = 0 if null else (_ptr if _ptr is not None else next(_ptrs))
+                 priority: Any = None) -> None:
+        self._eager = null
+        self.ptr = 0 if null else next(_ptrs)
         self._non_blocking = bool(non_blocking)
         self.device_id = runtime.getDevice()
         self.queue: deque[Any] = deque()
@@ -110,13 +110,6 @@ class Stream:
         event.record(self)
         return event
 
-    def use(self) -> Stream:
-        if _current:
-            _current[-1] = self
-        else:
-            _current.append(self)
-        return self
-
     def __enter__(self) -> Stream:
         _current.append(self)
         return self
@@ -126,10 +119,6 @@ class Stream:
 
 
 Stream.null = Stream(null=True)
-
-
-def ExternalStream(ptr: int, device_id: int = -1) -> Stream:  # noqa: N802 - CuPy's name
-    return STREAMS.get(int(ptr)) or Stream(_ptr=int(ptr))
 
 
 def get_current_stream(device_id: int = -1) -> Stream:

@@ -154,13 +154,6 @@ class NcclCommunicator:
             self.mpi.Free()
             raise NcclError("ncclInvalidUsage: Duplicate GPU detected: two ranks of this "
                             f"communicator use one GPU ({everyone})")
-        self._rank, self._size = rank, ndev
-
-    def rank_id(self) -> int:
-        return self._rank
-
-    def size(self) -> int:
-        return self._size
 
     def _p2p(self, kind: str, ptr: int, count: int, datatype: int, peer: int,
              stream: int) -> None:
