@@ -13,6 +13,7 @@ Messages between the same pair of ranks with the same tag are matched in posting
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -100,9 +101,11 @@ def mpi_op(op: str) -> Any:
             "max": MPI.MAX}[op]
 
 
+@functools.cache
 def mpi_reduces(dtype: Any) -> bool:
     """Whether this MPI can reduce ``dtype`` itself. bfloat16 has no MPI type; float16 has
-    one only in some libraries (MPICH's ``MPIX_C_FLOAT16``), which mpi4py then lists."""
+    one only in some libraries (MPICH's ``MPIX_C_FLOAT16``), which mpi4py then lists.
+    Cached: every ``native`` call asks, and the answer is fixed for the process."""
     from mpi4py import MPI
 
     name = str(dtype)

@@ -320,7 +320,6 @@ class StagedTransport(Transport):
 
     def _staged_allreduce(self, buf: Any, op: str) -> None:
         """Copy to pinned host memory, ``MPI_Allreduce`` in place, copy back."""
-
         ops = self.ops
         nbytes = _nbytes(buf)
         if self._native_host is None or self._native_host.nbytes < nbytes:
