@@ -15,20 +15,9 @@ from collectives.orders import (
     ring_orders,
     validate_order,
 )
-from probes import layout
 from probes.rings import best_cycle, best_rings
 from probes.topology import Host, Links, NumaNode, RankPlace, Topology
-from tests.fixtures import MACHINES, materialize
-
-
-@pytest.fixture(scope="module")
-def machines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Host]:
-    dest = tmp_path_factory.mktemp("orders")
-    out = {}
-    for name in MACHINES:
-        root, nv = materialize(name, dest)
-        out[name] = layout.read_host(root, responder=nv, name=name)
-    return out
+from tests.fixtures import MACHINES
 
 
 def _world(hosts: list[Host], per_host: int) -> Topology:

@@ -16,17 +16,7 @@ from probes import gpu, layout, links, net, pci
 from probes._sysfs import format_cpulist, normalize_bus_id, parse_cpulist
 from probes.gpu import RecordedResponder
 from probes.topology import Gpu, Host, Links, Nic, NumaNode, RankPlace, Topology
-from tests.fixtures import MACHINES, materialize
-
-
-@pytest.fixture(scope="module")
-def machines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Host]:
-    dest = tmp_path_factory.mktemp("machines")
-    out = {}
-    for name in MACHINES:
-        root, nv = materialize(name, dest)
-        out[name] = layout.read_host(root, responder=nv, name=name)
-    return out
+from tests.fixtures import MACHINES
 
 
 def _world(h: Host, ranks: int | None = None) -> Topology:
