@@ -14,15 +14,12 @@ constants are NCCL's.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import os
 import struct
 from typing import Any
 
 import numpy as np
-
-from .._engine import MEMORY
 
 available = os.environ.get("RINGTUNE_FAKE_NCCL", "1") != "0"
 
@@ -52,11 +49,13 @@ def _dtype(code: int) -> np.dtype:
 
 def _host(ptr: int, nbytes: int) -> tuple[np.ndarray, Any]:
     """A byte view of simulated device memory, and what keeps it alive."""
-    found = MEMORY.find(int(ptr))
-    if found is None or found[1]:
-        raise NcclError(f"ncclInvalidArgument: {ptr:#x} is not device memory")
-    raw = (ctypes.c_char * max(nbytes, 1)).from_address(int(ptr))
-    return np.frombuffer(raw, dtype=np.uint8, count=nbytes), found[0]
+    from .. import _foreign  # the package imports this module: look it up when used
+
+    try:
+        arr = _foreign(int(ptr), (nbytes,), np.dtype(np.uint8), None)
+    except ValueError as exc:
+        raise NcclError(f"ncclInvalidArgument: {exc}") from None
+    return arr._a, arr._keep
 
 
 def get_version() -> int:
