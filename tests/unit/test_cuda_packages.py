@@ -87,10 +87,10 @@ def signature_of(fn: Any) -> inspect.Signature:
             params.append(inspect.Parameter(raw[1:], inspect.Parameter.VAR_POSITIONAL))
             kind = inspect.Parameter.KEYWORD_ONLY
             continue
-        decl, _, default = raw.partition("=")
+        decl, eq, default = raw.partition("=")
         name = decl.split()[-1].lstrip("*&")
         params.append(inspect.Parameter(
-            name, kind, default=inspect.Parameter.empty if not _ else default.strip()))
+            name, kind, default=default.strip() if eq else inspect.Parameter.empty))
     return inspect.Signature(params)
 
 
