@@ -86,11 +86,8 @@ def _validate(args: argparse.Namespace) -> tuple[list[int], dict[str, Any]]:
         raise UsageError(f"-o {args.op}: use one of {', '.join(OPS)}")
     if args.iters < 1 or args.warmup_iters < 0:
         raise UsageError("-n must be ≥ 1 and -w ≥ 0")
-    try:
-        sizes = size_list(parse_size(args.minbytes), parse_size(args.maxbytes),
-                          args.stepfactor)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    # A bad size raises ValueError, which the CLI reports as bad input (exit 2).
+    sizes = size_list(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
     return sizes, parse_params(args.param)
 
 

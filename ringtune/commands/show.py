@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import UsageError
-
 HELP = "print a profile's rules with speed-up over native"
 
 
@@ -20,13 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autotune.report import profile_heading, rule_table
-    from collectives.errors import ProfileError
     from collectives.profile import load_profile
 
-    try:
-        prof = load_profile(args.profile)
-    except ProfileError as exc:
-        raise UsageError(str(exc)) from None
+    # A ProfileError is a ValueError: the CLI reports it as bad input (exit 2).
+    prof = load_profile(args.profile)
     data = dict(prof.raw)
     print(profile_heading(data, args.profile))
     fp = (data.get("topology") or {}).get("fingerprint")

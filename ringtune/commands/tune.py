@@ -83,15 +83,13 @@ def _options(args: argparse.Namespace) -> TuneOptions:
     from collectives.ops import DTYPES, OPS
     from collectives.profile import check_writable
 
-    try:
-        if args.buckets:
-            buckets = sorted({parse_size(x) for x in args.buckets.split(",") if x.strip()})
-            if not buckets or buckets[0] < 1:
-                raise ValueError(f"--buckets {args.buckets!r}: give sizes ≥ 1 byte")
-        else:
-            buckets = power_of_4_buckets(parse_size(args.min_bytes), parse_size(args.max_bytes))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    # Bad sizes raise ValueError, which the CLI reports as bad input (exit 2).
+    if args.buckets:
+        buckets = sorted({parse_size(x) for x in args.buckets.split(",") if x.strip()})
+        if not buckets or buckets[0] < 1:
+            raise UsageError(f"--buckets {args.buckets!r}: give sizes ≥ 1 byte")
+    else:
+        buckets = power_of_4_buckets(parse_size(args.min_bytes), parse_size(args.max_bytes))
     if args.trials < 1:
         raise UsageError(f"--trials must be at least 1, got {args.trials}")
     if args.budget <= 0:
@@ -112,10 +110,7 @@ def _options(args: argparse.Namespace) -> TuneOptions:
     if algorithms:
         from autotune.space import searchable
 
-        try:
-            searchable(algorithms)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        searchable(algorithms)  # ValueError naming the algorithm: bad input (exit 2)
     return TuneOptions(out=args.out, buckets=buckets, trials=args.trials,
                        budget_s=args.budget, storage=args.storage, study=args.study,
                        sampler=args.sampler, seed=args.seed,

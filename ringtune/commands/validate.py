@@ -28,13 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from collectives.errors import ProfileError
     from collectives.profile import load_profile
 
-    try:
-        prof = load_profile(args.profile)
-    except ProfileError as exc:
-        raise UsageError(str(exc)) from None
+    # A ProfileError is a ValueError: the CLI reports it as bad input (exit 2).
+    prof = load_profile(args.profile)
     if not args.against_topology:
         print(f"{args.profile}: valid ringtune profile (version 1, {len(prof.rules)} rules, "
               f"world size {prof.world_size})")
