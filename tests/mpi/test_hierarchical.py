@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from collectives import Communicator
 from collectives.algorithms import Context, get_algorithm
 from collectives.algorithms.hierarchical import (
     Hierarchical,
@@ -56,13 +55,6 @@ def expected(count: int, dtype: str, op: str) -> np.ndarray:
         return np.zeros(0, dtype=dtype)
     f = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max}[op]
     return f(stack, axis=0).astype(dtype)
-
-
-@pytest.fixture(scope="module")
-def comm() -> Any:
-    c = Communicator(WORLD)
-    yield c
-    c.close()
 
 
 def agree(problems: list[str]) -> None:
