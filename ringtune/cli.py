@@ -32,7 +32,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (from rank 0) and exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+        # No "ringtune:" here: report_error prints the one "ringtune: error:" prefix.
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def build_parser() -> argparse.ArgumentParser:

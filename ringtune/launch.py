@@ -5,17 +5,26 @@
 (``ringtune.cli._abort_world``) instead of leaving the others hanging. The mpiexec is the
 one the installed MPI provides: next to the Python executable (the ``mpich`` wheel in a
 virtual environment), else on ``PATH``; ``$RINGTUNE_MPIEXEC`` overrides.
+
+Nothing outlives the command: SIGTERM, SIGINT and SIGHUP to the ``ringtune`` process are
+forwarded to the launched mpiexec (its own process group) and the process waits for it
+(``relaunch``); if the process is killed outright (SIGKILL), the kernel sends mpiexec
+SIGTERM (``PR_SET_PDEATHSIG``, Linux) and Hydra ends its proxies and ranks. ``-np`` is
+checked before launching (``check_ranks``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import FrameType
 
-from .errors import CommandFailed
+from .errors import CommandFailed, UsageError
 
 _RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
               "SLURM_PROCID")
@@ -85,14 +94,138 @@ def default_ranks() -> int:
     return min(max(2, cores), 8)
 
 
+#: Ranks per usable CPU core above which ``-np`` needs ``--oversubscribe``.
+OVERSUBSCRIBE_FACTOR = 4
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, else the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def check_ranks(np: int | None, oversubscribe: bool = False, what: str = "") -> None:
+    """``UsageError`` for a ``-np`` that cannot be meant: below 1, or more than
+    ``OVERSUBSCRIBE_FACTOR`` ranks per usable core without ``--oversubscribe``. Under an
+    outside mpiexec ``-np`` launches nothing, so one that differs from the world size the
+    launcher started is refused too rather than silently ignored. ``what`` names where the
+    count came from in the message (default ``-np N``)."""
+    if np is None:
+        return
+    fix = ("lower -np, or pass --oversubscribe to launch them anyway" if not what else
+           "run it under your own mpiexec on enough hosts")
+    what = what or f"-np {np}"
+    if np < 1:
+        raise UsageError(f"{what}: give at least 1 rank")
+    world = next((int(os.environ[v]) for v in _SIZE_VARS
+                  if os.environ.get(v, "").isdigit()), None)
+    if under_mpiexec() and not os.environ.get("RINGTUNE_LAUNCHED"):
+        if world is not None and world != np:
+            raise UsageError(f"{what}: this run was started by mpiexec with {world} "
+                             "ranks; -np only sets how many ranks ringtune launches itself "
+                             "(drop it, or change mpiexec's -n)")
+        return
+    cores = usable_cores()
+    limit = cores * OVERSUBSCRIBE_FACTOR
+    if np > limit and not oversubscribe:
+        raise UsageError(f"{what}: more than {OVERSUBSCRIBE_FACTOR} ranks per CPU core "
+                         f"({cores} usable core{'s' if cores != 1 else ''}, at most {limit} "
+                         "ranks): so many ranks on one machine only thrash and take long to "
+                         f"stop; {fix}")
+
+
+#: Signals forwarded to the launched job; the exit code is then 128 + the signal number.
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+#: Seconds the launched mpiexec gets to end its ranks after a forwarded signal before it is
+#: killed (Hydra ends its proxies and ranks when mpiexec dies, too).
+STOP_GRACE_S = 10.0
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking the kernel to send the child SIGTERM when this process dies
+    (even by SIGKILL, which cannot be caught); ``None`` where ``prctl`` is unavailable.
+    The libc function is looked up here, in the parent: between fork and exec the child
+    should only make the system call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def relaunch(argv: Sequence[str], ranks: int | None = None) -> int:
-    """Run ``ringtune argv…`` under mpiexec with ``ranks`` ranks; returns its exit code."""
+    """Run ``ringtune argv…`` under mpiexec with ``ranks`` ranks; returns its exit code, or
+    128 + N when signal N ended it (forwarded, or killing mpiexec itself)."""
     n = ranks or default_ranks()
     # Not `python -m mpi4py`: that turns every non-zero exit into MPI_Abort and a second
     # stderr line; ringtune.cli aborts the world itself on runtime failures.
     cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "ringtune.cli", *argv]
     env = dict(os.environ, RINGTUNE_LAUNCHED="1")
+    received: list[int] = []
+    proc: subprocess.Popen[bytes] | None = None
+    waiting = False
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        first = not received
+        received.append(signum)
+        if proc is not None:
+            _signal_group(proc, signum)
+        if first and waiting:
+            raise _Forwarded  # leave the unbounded wait for the bounded one
+
+    # mpiexec runs in its own process group, so a terminal's Ctrl-C or a batch system's
+    # SIGTERM reaches it once, through here (Hydra takes a second SIGINT as "force abort").
+    # Its stdin is not the terminal: a background process group reading it would stop.
+    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
     try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 130
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, process_group=0,
+                                preexec_fn=_die_with_parent())
+        try:
+            for signum in received:  # arrived while it was starting
+                _signal_group(proc, signum)
+            waiting = True
+            code = _wait_bounded(proc) if received else proc.wait()
+        except _Forwarded:
+            code = _wait_bounded(proc)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:
+        name = signal.Signals(received[0]).name
+        print(f"ringtune: stopped by {name}: the launched mpiexec and its ranks were ended "
+              f"(exit status {code})", file=sys.stderr, flush=True)
+        return 128 + received[0]
+    return 128 - code if code < 0 else code
+
+
+class _Forwarded(BaseException):
+    """Raised by the signal handler of ``relaunch`` to end its unbounded wait."""
+
+
+def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+
+
+def _wait_bounded(proc: subprocess.Popen[bytes]) -> int:
+    """Wait for a signalled mpiexec; kill it when it does not end within the grace."""
+    try:
+        return proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGKILL)
+        return proc.wait()

@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from ..errors import UsageError
-from ..launch import default_ranks, relaunch, under_mpiexec
+from ..launch import check_ranks, default_ranks, relaunch, under_mpiexec
 
 HELP = "nccl-tests-style allreduce benchmark (one algorithm, native, or a profile)"
 
@@ -46,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the rows as JSON (to FILE, or stdout instead of the table)")
     p.add_argument("-np", type=int, metavar="N", dest="np",
                    help="ranks to launch when not started under mpiexec")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow -np above 4 ranks per CPU core")
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
@@ -84,6 +86,7 @@ def _validate(args: argparse.Namespace) -> tuple[list[int], dict[str, Any]]:
         raise UsageError(f"-d {args.datatype}: use one of {', '.join(DTYPES)}")
     if args.op not in OPS:
         raise UsageError(f"-o {args.op}: use one of {', '.join(OPS)}")
+    check_ranks(args.np, args.oversubscribe)
     if args.iters < 1 or args.warmup_iters < 0:
         raise UsageError("-n must be ≥ 1 and -w ≥ 0")
     # A bad size raises ValueError, which the CLI reports as bad input (exit 2).

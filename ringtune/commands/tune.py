@@ -73,6 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument("-np", dest="np", type=int, default=None, metavar="N",
                    help="ranks to launch when started without mpiexec")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow -np above 4 ranks per CPU core")
 
 
 def _options(args: argparse.Namespace) -> TuneOptions:
@@ -83,6 +85,9 @@ def _options(args: argparse.Namespace) -> TuneOptions:
     from collectives.ops import DTYPES, OPS
     from collectives.profile import check_writable
 
+    from ..launch import check_ranks
+
+    check_ranks(args.np, args.oversubscribe)
     # Bad sizes raise ValueError, which the CLI reports as bad input (exit 2).
     if args.buckets:
         buckets = sorted({parse_size(x) for x in args.buckets.split(",") if x.strip()})

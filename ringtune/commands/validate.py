@@ -37,10 +37,12 @@ def run(args: argparse.Namespace) -> int:
               f"world size {prof.world_size})")
         return 0
 
-    from ..launch import launch_rank, relaunch, under_mpiexec
+    from ..launch import check_ranks, launch_rank, relaunch, under_mpiexec
 
     if not under_mpiexec() and not os.environ.get("RINGTUNE_LAUNCHED"):
         # Compare against a world of the size the profile was tuned for.
+        check_ranks(prof.world_size, what=f"{args.profile}: topology.world_size "
+                    f"{prof.world_size} (the ranks --against-topology launches)")
         return relaunch(getattr(args, "_argv", sys.argv[1:]), prof.world_size)
 
     from mpi4py import MPI
