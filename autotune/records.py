@@ -46,6 +46,8 @@ class TuneOptions:
     #: GPU transports every rank can use, best first (``tune`` fills it in on ``cupy``; the
     #: search space's ``transport`` parameter). ``None`` for host buffers.
     transports: list[str] | None = None
+    #: Wait for another run holding the storage instead of refusing (``--wait``).
+    wait: bool = False
 
 
 @dataclass

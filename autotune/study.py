@@ -37,13 +37,21 @@ from .naming import default_storage, study_name, world_identity
 from .objective import TrialOutcome, busbw, evaluate, timing_for
 from .progress import Progress, best_text, size_text
 from .records import BucketSummary, TuneError, TuneOptions, TuneResult
+from .storelock import storage_lock
 from .watchdog import Watchdog
 
 __all__ = ["TuneError", "TuneOptions", "TuneResult", "tune", "world_identity"]
 
 
 def tune(comm: Any, opts: TuneOptions, out: TextIO = sys.stdout) -> TuneResult:
-    """The whole tuning run (collective over ``comm``, an mpi4py communicator)."""
+    """The whole tuning run (collective over ``comm``, an mpi4py communicator), holding
+    the storage's lock (``autotune.storelock``) from before it is opened until the profile
+    is written."""
+    with storage_lock(comm, opts):
+        return _tune(comm, opts, out)
+
+
+def _tune(comm: Any, opts: TuneOptions, out: TextIO) -> TuneResult:
     t_start = time.monotonic()
     rank, n = comm.Get_rank(), comm.Get_size()
     if opts.sampler not in SAMPLERS:

@@ -173,7 +173,9 @@ def relaunch(argv: Sequence[str], ranks: int | None = None) -> int:
     # Not `python -m mpi4py`: that turns every non-zero exit into MPI_Abort and a second
     # stderr line; ringtune.cli aborts the world itself on runtime failures.
     cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "ringtune.cli", *argv]
-    env = dict(os.environ, RINGTUNE_LAUNCHED="1")
+    # The value is this process's PID: the one to signal to stop the whole job (the
+    # storage lock of ``ringtune tune`` names it).
+    env = dict(os.environ, RINGTUNE_LAUNCHED=str(os.getpid()))
     received: list[int] = []
     proc: subprocess.Popen[bytes] | None = None
     waiting = False

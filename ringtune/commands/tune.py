@@ -70,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write DIR/busbw.png and DIR/report.md")
     p.add_argument("--fresh", action="store_true",
                    help="delete this run's studies from the storage and start over")
+    p.add_argument("--wait", action="store_true",
+                   help="when another run holds the storage, wait for it to end instead of "
+                        "refusing")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument("-np", dest="np", type=int, default=None, metavar="N",
                    help="ranks to launch when started without mpiexec")
@@ -121,7 +124,8 @@ def _options(args: argparse.Namespace) -> TuneOptions:
                        sampler=args.sampler, seed=args.seed,
                        trial_timeout_s=args.trial_timeout or None, margin=args.margin,
                        algorithms=algorithms, dtype=args.dtype, op=args.op, fresh=args.fresh,
-                       report=args.report, progress=not args.no_progress, backend=backend)
+                       report=args.report, progress=not args.no_progress, backend=backend,
+                       wait=args.wait)
 
 
 def _check_cupy_here() -> None:

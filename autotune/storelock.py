@@ -1,0 +1,143 @@
+"""One tuning run per study storage: an advisory lock next to a SQLite storage file.
+
+Use ``storage_lock(comm, opts)`` around a whole tuning run (``autotune.study.tune`` does).
+Two runs on one storage would corrupt each other's studies: the newcomer takes the other
+run's RUNNING trial for one left by a killed run, marks it FAIL, and the first run dies when
+it reports that trial. So rank 0 takes an exclusive ``flock`` on ``<database>.lock`` before
+opening the storage and holds it until the profile is written. A second run refuses at once
+(``TuneError``, bad usage: exit 2) naming the holder's PID and host, or with
+``opts.wait`` (``ringtune tune --wait``) waits for it to finish.
+
+A run that dies, even by SIGKILL, releases the lock with its last file descriptor, so a
+stale lock file never blocks anyone; the file is removed on a normal release. Only SQLite
+storages that are files are locked: a server database (PostgreSQL, MySQL) has no file to
+lock here, and an in-memory one belongs to one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .lockstep import on_root
+from .naming import default_storage
+from .records import TuneError, TuneOptions
+
+
+def lock_path(url: str) -> str | None:
+    """The lock file of a storage URL: ``<database>.lock`` for a SQLite file, else
+    ``None`` (nothing to lock, or a URL the storage itself will refuse)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - a bad URL is reported when the storage is opened
+        return None
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    db = parsed.database
+    if not db or db == ":memory:":
+        return None
+    if db.startswith("file:"):  # a SQLite URI filename (?uri=true)
+        if parsed.query.get("mode") == "memory":
+            return None
+        db = db[len("file:"):]
+    return os.path.abspath(db) + ".lock"
+
+
+class StorageLock:
+    """An exclusive ``flock`` held on a lock file, which records the holder."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def acquire(cls, path: str, url: str, wait: bool = False) -> StorageLock:
+        """Lock ``path`` (the lock file of storage ``url``); ``TuneError`` when another run
+        holds it and ``wait`` is false, else block until it is released."""
+        announced = False
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise TuneError(f"--storage {url}: cannot create the lock file {path} "
+                                f"({exc.strerror or exc})", usage=True) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd)
+                if not wait:
+                    os.close(fd)
+                    raise TuneError(
+                        f"--storage {url} is in use by another ringtune tune ({holder}; "
+                        f"lock {path}): wait for it to finish or stop it, use another "
+                        "--storage/--out, or pass --wait to start when it ends",
+                        usage=True) from None
+                if not announced:
+                    print(f"ringtune tune: waiting for the run holding {url} ({holder})",
+                          file=sys.stderr, flush=True)
+                    announced = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            # The holder removes the file when it releases: a lock taken on a file that is
+            # no longer the one at ``path`` locks nothing; take the current one instead.
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        launcher = os.environ.get("RINGTUNE_LAUNCHED", "")
+        who = (f"pid {launcher} (its rank 0: pid {os.getpid()})" if launcher.isdigit()
+               and launcher != "1" else f"pid {os.getpid()}")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{who} on {socket.gethostname()} since "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        return cls(path, fd)
+
+    def release(self) -> None:
+        """Remove the lock file and unlock (in that order: see ``acquire``)."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _holder(fd: int) -> str:
+    """What the holder wrote into the lock file (it may still be writing it)."""
+    try:
+        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+    except OSError:
+        text = ""
+    return text or "pid unknown"
+
+
+@contextlib.contextmanager
+def storage_lock(comm: Any, opts: TuneOptions) -> Iterator[None]:
+    """Hold the storage lock of ``opts`` on rank 0 for the body (collective: a refusal
+    raises the same ``TuneError`` on every rank). Fills in the default storage URL."""
+    opts.storage = opts.storage or default_storage(opts.out)
+    url = str(opts.storage)
+    path = lock_path(url)
+    held: StorageLock | None = None
+
+    def take() -> None:
+        nonlocal held
+        if path is not None:
+            held = StorageLock.acquire(path, url, wait=opts.wait)
+
+    on_root(comm, take)
+    try:
+        yield
+    finally:
+        if held is not None:
+            held.release()
