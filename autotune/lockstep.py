@@ -8,10 +8,10 @@ gets the result or raises the same ``TuneError``), and ``abort`` when a rank can
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
+
+from collectives.abort import abort_world
 
 from .records import TuneError
 
@@ -35,12 +35,6 @@ def on_root(comm: Any, fn: Callable[[], Any]) -> Any:
     return payload[1]
 
 
-ABORT_GRACE_S = 1.0
-
-
 def abort(comm: Any, message: str) -> None:
-    print(f"ringtune: error: {message}", file=sys.stderr, flush=True)
-    # The launcher forwards our stderr asynchronously and the abort kills every process at
-    # once: give the forwarding a moment so the message is not lost with them.
-    time.sleep(ABORT_GRACE_S)
-    comm.Abort(1)
+    """End every rank with ``ringtune: error: message`` (``collectives.abort``)."""
+    abort_world(comm, f"ringtune: error: {message}", 1)

@@ -17,10 +17,11 @@ import logging
 import os
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
+from .abort import abort_world, on_error_mode, rank_line
 from .algorithms import Context, get_algorithm
 from .backend import Backend, backend_for, check_buffer_dtype, get_backend
 from .errors import AgreementError, ProfileError, TopologyMismatchError, require_agreement
@@ -232,13 +233,18 @@ class Communicator:
         prepared = self._plans.get(key)
         if prepared is None:
             prepared = self._prepare(key, flat, backend, op, algorithm, transport, params)
-        prepared.run(flat)
-        if prepared.avg:
-            prepared.backend.divide(flat, self.size)
-        if backend.on_gpu:
-            # GPU work is queued on the backend's own stream: wait for it, so the caller may
-            # use ``buf`` on any stream (see collectives/cuda/backend.py).
-            backend.synchronize()
+        try:
+            prepared.run(flat)
+            if prepared.avg:
+                prepared.backend.divide(flat, self.size)
+            if backend.on_gpu:
+                # GPU work is queued on the backend's own stream: wait for it, so the caller
+                # may use ``buf`` on any stream (see collectives/cuda/backend.py).
+                backend.synchronize()
+        except Exception as exc:
+            if self._raise_failures():
+                raise
+            self._abort(exc, prepared.plan, flat)
         return buf
 
     def prepared(self, buf: Any, op: str = "sum", algorithm: str | None = None,
@@ -280,8 +286,17 @@ class Communicator:
         tname = chosen.transport or default_transport(backend)
         plan = Plan(chosen.algorithm, checked, tname, chosen.source, chosen.rule,
                     chosen.min_bytes, chosen.max_bytes, chosen.measured)
-        ctx = self._context(backend, tname)
-        algo = cls(ctx, int(flat.size), dtype, "sum" if op == "avg" else op, checked)
+        try:
+            ctx = self._context(backend, tname)
+            algo = cls(ctx, int(flat.size), dtype, "sum" if op == "avg" else op, checked)
+        except (ValueError, TypeError):
+            raise  # bad input found alike on every rank (AgreementError is a ValueError)
+        except Exception as exc:
+            # Setting up may be collective (transports, sub-communicators): a failure
+            # here can leave the other ranks waiting, as one inside ``run`` does.
+            if self._raise_failures():
+                raise
+            self._abort(exc, plan, flat)
         prepared = _Prepared(plan, algo, op == "avg", self.size, backend)
         self._plans[key] = prepared
         if log.isEnabledFor(logging.INFO) and self.rank == 0:
@@ -306,6 +321,29 @@ class Communicator:
                           world_ranks=tuple(range(self.size)))
             self._contexts[(backend.name, tname)] = ctx
         return ctx
+
+    def _raise_failures(self) -> bool:
+        """Whether a failure inside a call goes to the caller (one rank has no peers to
+        leave waiting; ``RINGTUNE_ON_ERROR=raise``) rather than ending every rank."""
+        return self.size == 1 or on_error_mode() == "raise"
+
+    def _abort(self, exc: BaseException, plan: Plan, flat: Any) -> NoReturn:
+        """This rank failed where its peers may be waiting for it: end every rank with a
+        line naming this one (``collectives.abort``)."""
+        nbytes = int(flat.size) * int(flat.dtype.itemsize)
+        what = plan.algorithm + (f" ({plan.describe_params()})" if plan.params else "")
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        kind = type(exc).__name__
+        if type(exc).__module__.startswith("mpi4py"):
+            kind = "MPI." + kind
+            if "MPI_ERROR field" in first:  # MPI_ERR_IN_STATUS: the detail is per request
+                first = ("a send or receive failed (MPI_ERR_IN_STATUS; usually a message "
+                         "larger than its receive buffer)")
+        abort_world(self.comm, rank_line(
+            self.comm, f"allreduce of {nbytes} B with {what} failed: "
+            f"{kind}: {first}; ending every rank (every rank must call "
+            "allreduce with the same size, dtype, op and choice: RINGTUNE_CHECK=1 checks "
+            "it; RINGTUNE_ON_ERROR=raise hands such failures to the caller)"))
 
     def _check_agreement(self, key: Any) -> None:
         """RINGTUNE_CHECK=1: every rank passed the same size, dtype, op and choice."""

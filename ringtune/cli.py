@@ -11,10 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import time
 from collections.abc import Sequence
 
-from .errors import UsageError, report_error
+from .errors import CommandFailed, UsageError, report_error
 from .launch import launch_rank
 
 #: verb -> module; the order is the order of ``ringtune --help``.
@@ -69,24 +68,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line + code
         code = report_error(exc, rank=launch_rank())
         if code != 2:
-            _abort_world(code)
+            _abort_world(code, exc)
         return code
 
 
-def _abort_world(code: int) -> None:
+def _abort_world(code: int, exc: BaseException | None = None) -> None:
     """A runtime failure may strike one rank while the others wait in a collective: end
-    them all (as ``python -m mpi4py`` would). Bad input (exit 2) is detected on every rank
-    before any communication, so those ranks simply exit together without the abort."""
+    them all (as ``python -m mpi4py`` would; ``collectives.abort``). Rank 0 has printed
+    the error; another rank prints its own, naming itself, unless it is a
+    ``CommandFailed`` (raised alike on every rank, e.g. by the tuner's lockstep). Bad
+    input (exit 2) is detected on every rank before any communication, so those ranks
+    simply exit together without the abort."""
     mpi_mod = sys.modules.get("mpi4py.MPI")
     if mpi_mod is None:
         return
     MPI = mpi_mod
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-        sys.stderr.flush()
-        # The launcher forwards stderr asynchronously; the abort kills every process at
-        # once. A moment's grace keeps the one error line from being lost with them.
-        time.sleep(1.0)
-        MPI.COMM_WORLD.Abort(code)
+        from collectives.abort import abort_world, rank_line
+
+        world = MPI.COMM_WORLD
+        line = None
+        if exc is not None and world.Get_rank() != 0 and not isinstance(exc, CommandFailed):
+            line = rank_line(world, f"error: {type(exc).__name__}: {exc}")
+        abort_world(world, line, code)
 
 
 if __name__ == "__main__":
