@@ -1,0 +1,240 @@
+"""Signals and kills during a self-launched ``ringtune tune`` / ``ringtune bench``: SIGTERM,
+SIGINT and SIGKILL of the ``ringtune`` process alone (what a batch system, a wrapper's
+``terminate()`` or a plain ``kill PID`` sends), and SIGKILL of one rank.
+
+After each: the command has ended and nothing it started is left (every process carrying
+this test's marker in its environment: mpiexec, the Hydra proxy and the ranks, which Hydra
+puts in sessions of their own, so a session or process-group scan would miss them), the
+profile at ``--out`` is still the old one byte for byte, no temporary file is left, the
+SQLite storage passes its integrity check, and the next run resumes with every finished
+trial kept (at most the trial in flight is lost and queued again). A second run on the
+same storage while one holds it is refused, naming the holder's PID. Slow trials come
+from the test-only ``sleep`` algorithm (see ``tests/unit/test_autotune_cli.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+RINGTUNE = [sys.executable, "-m", "ringtune.cli"]
+MARK = "RINGTUNE_TEST_MARK"
+ROOT = Path(__file__).resolve().parents[2]
+OLD_PROFILE = ROOT / "profiles" / "examples" / "cpu-2core-vm-2ranks.yaml"
+TUNE_ARGS = ["-np", "2", "--buckets", "1K,4K,16K", "--algorithms", "native,sleep",
+             "--sampler", "grid", "--no-progress", "--trial-timeout", "0"]
+#: Grid size: 3 buckets x (native + one sleep configuration per value below).
+SLEEPS = "0.3,0.4,0.5,0.6"
+CONFIGS = 3 * (1 + len(SLEEPS.split(",")))
+
+
+def _env(mark: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_"))}
+    env.pop("RINGTUNE_LAUNCHED", None)
+    env.update({MARK: mark, "RINGTUNE_TEST_ALGORITHMS": "1", "RINGTUNE_TEST_SLEEP": SLEEPS})
+    return env
+
+
+def _marked(mark: str, rank: int | None = None) -> list[int]:
+    """Live (not zombie) processes whose environment carries ``mark`` (and ``rank``)."""
+    needle = f"{MARK}={mark}".encode()
+    rank_var = f"PMI_RANK={rank}".encode() if rank is not None else None
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != b"Z" and (rank_var is None or rank_var in env):
+            found.append(int(pid))
+    return found
+
+
+def _left_behind(mark: str, within: float = 3.0) -> list[str]:
+    """What of this test's processes is still alive ``within`` seconds after the command
+    ended (each is then killed, by PID, so that one failure does not spill over)."""
+    end = time.monotonic() + within
+    while True:
+        alive = _marked(mark)
+        if not alive or time.monotonic() > end:
+            break
+        time.sleep(0.1)
+    out = []
+    for pid in alive:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+            out.append(f"{pid}: {cmd[:120]}")
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return out
+
+
+def _start(args: list[str], mark: str, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as fh:
+        return subprocess.Popen([*RINGTUNE, *args], env=_env(mark), stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _ended(proc: subprocess.Popen[bytes], mark: str, timeout: float = 30) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _left_behind(mark, 0)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError("the command did not end after the signal") from None
+
+
+def _trials(db: Path) -> list[tuple[str, int, str, str | None, bool]]:
+    """(study, number, state, config key, marked interrupted) of every trial."""
+    if not db.exists():
+        return []
+    con = sqlite3.connect(db, timeout=10)
+    try:
+        rows = con.execute(
+            "SELECT s.study_name, t.number, t.state, "
+            "(SELECT value_json FROM trial_user_attributes a "
+            " WHERE a.trial_id = t.trial_id AND a.key = 'config'), "
+            "(SELECT value_json FROM trial_user_attributes a "
+            " WHERE a.trial_id = t.trial_id AND a.key = 'interrupted') "
+            "FROM trials t JOIN studies s ON s.study_id = t.study_id").fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        con.close()
+    return [(s, n, st, json.loads(c)["key"] if c else None, bool(i))
+            for s, n, st, c, i in rows]
+
+
+def _finished(db: Path) -> set[tuple[str, int, str | None]]:
+    """Measured trials (COMPLETE, or PRUNED: a sleep candidate is far slower than native)."""
+    return {(s, n, k) for s, n, st, k, _ in _trials(db) if st in ("COMPLETE", "PRUNED")}
+
+
+def _integrity(db: Path) -> str:
+    con = sqlite3.connect(db, timeout=10)
+    try:
+        return str(con.execute("PRAGMA integrity_check").fetchone()[0])
+    finally:
+        con.close()
+
+
+def _wait_for(cond: Any, proc: subprocess.Popen[bytes], what: str, limit: float = 60) -> None:
+    end = time.monotonic() + limit
+    while time.monotonic() < end and proc.poll() is None:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} before the run ended (exit {proc.poll()})")
+
+
+def _temporaries(folder: Path) -> list[str]:
+    """Temporary files of atomic writes (``collectives.atomic``: ``.NAME.XXXX.tmp.EXT``).
+    Not counted: SQLite's own journal (its crash recovery) and the storage lock file, which
+    a killed run leaves unlocked (the next run takes it; a run that ends removes it)."""
+    return [f.name for f in folder.iterdir() if ".tmp" in f.name]
+
+
+#: How each run of the chain is stopped, after how many measured trials (cumulative).
+KILLS = [("SIGTERM", 2), ("SIGINT", 4), ("SIGKILL", 6), ("rank 1 SIGKILL", 8)]
+
+
+def test_tune_killed_every_way_then_resumed(tmp_path: Path) -> None:
+    out, db = tmp_path / "p.yaml", tmp_path / "p.db"
+    shutil.copyfile(OLD_PROFILE, out)
+    old = out.read_bytes()
+    for how, after in KILLS:
+        mark = uuid.uuid4().hex
+        proc = _start(["tune", "--out", str(out), *TUNE_ARGS], mark, tmp_path / "run.log")
+        _wait_for(lambda after=after, mark=mark: len(_finished(db)) >= after
+                  and len(_marked(mark, 1)) == 1, proc,
+                  f"{how}: fewer than {after} measured trials")
+        before = _finished(db)
+        if how.startswith("rank"):
+            os.kill(_marked(mark, 1)[0], signal.SIGKILL)
+        else:
+            os.kill(proc.pid, getattr(signal, how))
+        code = _ended(proc, mark)
+        log = (tmp_path / "run.log").read_text(errors="replace")
+        assert code != 0, f"{how}: exit 0\n{log}"
+        if how in ("SIGTERM", "SIGINT"):
+            assert code == 128 + getattr(signal, how), f"{how}: exit {code}\n{log}"
+        assert _left_behind(mark, within=3.0 if how != "SIGKILL" else 10.0) == [], how
+        assert out.read_bytes() == old, f"{how}: the old profile was changed"
+        assert _temporaries(tmp_path) == [], how
+        assert _integrity(db) == "ok", how
+        assert before <= _finished(db), f"{how}: a finished trial was lost"
+    # The last run completes; meanwhile a second run on the same storage is refused.
+    mark = uuid.uuid4().hex
+    proc = _start(["tune", "--out", str(out), *TUNE_ARGS], mark, tmp_path / "run.log")
+    lock = tmp_path / "p.db.lock"
+    _wait_for(lambda: lock.exists() and f"pid {proc.pid} " in lock.read_text(), proc,
+              "no storage lock naming the run")
+    before = _finished(db)
+    second = subprocess.run([*RINGTUNE, "tune", "--out", str(out), *TUNE_ARGS],
+                            env=_env(mark), capture_output=True, text=True, timeout=60)
+    assert second.returncode == 2, second.stderr
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1 and "in use by another ringtune tune" in lines[0], second.stderr
+    assert f"pid {proc.pid} " in lines[0], second.stderr
+    code = _ended(proc, mark, timeout=120)
+    log = (tmp_path / "run.log").read_text(errors="replace")
+    assert code == 0, log
+    assert _left_behind(mark) == []
+    assert out.read_bytes() != old and "wrote " + str(out) in log
+    res = subprocess.run([*RINGTUNE, "validate", str(out)], env=_env(mark),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert _temporaries(tmp_path) == [] and _integrity(db) == "ok"
+    assert not lock.exists(), "a run that ended left its lock file"
+    trials = _trials(db)
+    assert before <= _finished(db), "the refused second run disturbed the first"
+    assert not [t for t in trials if t[2] == "RUNNING"]
+    # Every configuration ended up measured; each kill lost at most its trial in flight.
+    assert len({(s, k) for s, _, st, k, _ in trials if st in ("COMPLETE", "PRUNED")}) == \
+        CONFIGS
+    assert sum(1 for t in trials if t[4]) <= len(KILLS)
+
+
+BENCH_ARGS = ["bench", "-np", "2", "--algo", "sleep", "--param", "seconds=60", "-b", "8",
+              "-e", "8", "-n", "1", "-w", "0"]
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "SIGKILL", "rank 1 SIGKILL"])
+def test_bench_stopped(tmp_path: Path, how: str) -> None:
+    mark = uuid.uuid4().hex
+    rows = tmp_path / "rows.json"
+    log = tmp_path / "bench.log"
+    proc = _start([*BENCH_ARGS, "--json", str(rows)], mark, log)
+    # The header is printed just before the (sleeping) first size.
+    _wait_for(lambda: "# ringtune bench:" in log.read_text(errors="replace")
+              and len(_marked(mark, 1)) == 1, proc, "no bench header")
+    if how.startswith("rank"):
+        os.kill(_marked(mark, 1)[0], signal.SIGKILL)
+    else:
+        os.kill(proc.pid, getattr(signal, how))
+    code = _ended(proc, mark)
+    assert code != 0, log.read_text()
+    if how in ("SIGTERM", "SIGINT"):
+        assert code == 128 + getattr(signal, how)
+    assert _left_behind(mark, within=3.0 if how != "SIGKILL" else 10.0) == []
+    assert [f.name for f in tmp_path.iterdir()] == ["bench.log"]
