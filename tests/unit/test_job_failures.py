@@ -1,0 +1,109 @@
+"""A user job (``mpiexec -n 2 python job.py``, the plain form, no ``-m mpi4py``) in which one
+rank fails must end, never hang: a failure inside ``Communicator.allreduce`` ends every
+rank with a line naming the failing rank (``collectives.abort``), or reaches the caller with
+``RINGTUNE_ON_ERROR=raise``; a rank that dies outright ends the job through the launcher.
+Each job runs under a timeout: a hang fails the test instead of stalling the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+ROOT = Path(__file__).resolve().parents[2]
+
+JOB = r'''
+import os, signal, sys
+import numpy as np
+from mpi4py import MPI
+from collectives import Communicator
+
+mode, algo = sys.argv[1], sys.argv[2]
+comm = Communicator(MPI.COMM_WORLD)
+kw = {} if algo == "auto" else {"algorithm": algo}
+if algo == "hierarchical":
+    kw.update(dims=[comm.size], inner=["rhd"])
+buf = np.ones(1000, np.float32)
+comm.allreduce(buf, **kw)                      # a good call first: plans are cached
+if comm.rank == 1 and mode == "exit":
+    os._exit(3)
+if comm.rank == 1 and mode == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if comm.rank == 1 and mode == "outside":
+    raise RuntimeError("failed outside ringtune")
+if mode in ("size", "raise"):
+    buf = np.ones(1000 + 77 * comm.rank, np.float32)   # ranks disagree on the size
+try:
+    comm.allreduce(buf, **kw)
+except Exception as exc:
+    print(f"caller caught on rank {comm.rank}: {type(exc).__name__}", file=sys.stderr,
+          flush=True)
+    MPI.COMM_WORLD.Abort(7)
+print(f"rank {comm.rank} finished", flush=True)
+'''
+
+
+def _job(tmp_path: Path, mode: str, algo: str, *, mpi4py: bool = False,
+         **env: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "RINGTUNE_"))}
+    clean.update(env, PYTHONPATH=str(ROOT))
+    python = [sys.executable, "-m", "mpi4py"] if mpi4py else [sys.executable]
+    try:
+        return subprocess.run([MPIEXEC, "-n", "2", *python, str(script), mode, algo],
+                              env=clean, capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the job hung ({mode}, {algo}): {exc.stderr!r}") from None
+
+
+@pytest.mark.parametrize("algo", ["multiring", "rhd", "hierarchical"])
+def test_size_mismatch_ends_every_rank_naming_the_rank(tmp_path: Path, algo: str) -> None:
+    res = _job(tmp_path, "size", algo)
+    assert res.returncode != 0, res.stdout
+    lines = [ln for ln in res.stderr.splitlines()
+             if re.match(r"ringtune: rank [01]: allreduce of \d+ B with ", ln)]
+    assert lines, res.stderr
+    assert algo in lines[0] and "ending every rank" in lines[0], lines[0]
+    assert "finished" not in res.stdout
+
+
+def test_size_mismatch_in_native_ends_the_job(tmp_path: Path) -> None:
+    """MPI_Allreduce itself: MPICH's fatal error handler aborts and names the rank."""
+    res = _job(tmp_path, "size", "native")
+    assert res.returncode != 0 and "finished" not in res.stdout
+    assert re.search(r"rank \d", res.stderr), res.stderr
+
+
+def test_on_error_raise_hands_the_failure_to_the_caller(tmp_path: Path) -> None:
+    res = _job(tmp_path, "raise", "multiring", RINGTUNE_ON_ERROR="raise")
+    assert res.returncode != 0
+    assert re.search(r"caller caught on rank [01]: Exception", res.stderr), res.stderr
+    assert "ringtune: rank" not in res.stderr
+
+
+@pytest.mark.parametrize("mode, code", [("exit", 3), ("kill", None)])
+def test_a_rank_that_dies_ends_the_job(tmp_path: Path, mode: str, code: int | None) -> None:
+    """``os._exit`` or SIGKILL on rank 1 while rank 0 waits inside allreduce: Hydra ends
+    the job (with the rank's exit status; it prints no line naming the rank for a plain
+    exit, and nothing in the dead rank can)."""
+    res = _job(tmp_path, mode, "multiring")
+    assert res.returncode != 0 and "finished" not in res.stdout
+    if code is not None:
+        assert res.returncode == code
+
+
+def test_an_uncaught_exception_outside_ringtune_ends_the_job_under_m_mpi4py(
+        tmp_path: Path) -> None:
+    """The README's launch form for jobs: ``python -m mpi4py`` turns an uncaught exception
+    on one rank into an abort of all (plain ``python`` would leave rank 0 waiting)."""
+    res = _job(tmp_path, "outside", "multiring", mpi4py=True)
+    assert res.returncode != 0 and "finished" not in res.stdout
+    assert "failed outside ringtune" in res.stderr
