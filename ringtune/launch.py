@@ -145,23 +145,26 @@ STOP_GRACE_S = 10.0
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking the kernel to send the child SIGTERM when this process dies
-    (even by SIGKILL, which cannot be caught); ``None`` where ``prctl`` is unavailable.
-    The libc function is looked up here, in the parent: between fork and exec the child
-    should only make the system call."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
+def _child_setup() -> Callable[[], None]:
+    """The launched mpiexec's ``preexec_fn``. It asks the kernel to send the child SIGTERM
+    when this process dies, even by SIGKILL, which cannot be caught (``prctl``, Linux;
+    looked up here, in the parent: between fork and exec the child only makes the system
+    call). And it ignores SIGTTOU: mpiexec runs in a background process group of the
+    terminal, where with ``stty tostop`` writing its output would stop it."""
+    prctl = None
+    if sys.platform.startswith("linux"):
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            prctl = None
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the request took effect
-            os.kill(os.getpid(), signal.SIGTERM)
+        signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+            if os.getppid() != parent:  # the parent died before the request took effect
+                os.kill(os.getpid(), signal.SIGTERM)
 
     return preexec
 
@@ -194,7 +197,7 @@ def relaunch(argv: Sequence[str], ranks: int | None = None) -> int:
     previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
     try:
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, process_group=0,
-                                preexec_fn=_die_with_parent())
+                                preexec_fn=_child_setup())
         try:
             for signum in received:  # arrived while it was starting
                 _signal_group(proc, signum)
