@@ -107,3 +107,15 @@ def test_an_uncaught_exception_outside_ringtune_ends_the_job_under_m_mpi4py(
     res = _job(tmp_path, "outside", "multiring", mpi4py=True)
     assert res.returncode != 0 and "finished" not in res.stdout
     assert "failed outside ringtune" in res.stderr
+
+
+def test_on_error_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    from collectives.abort import on_error_mode
+
+    monkeypatch.delenv("RINGTUNE_ON_ERROR", raising=False)
+    assert on_error_mode() == "abort"
+    monkeypatch.setenv("RINGTUNE_ON_ERROR", " Raise ")
+    assert on_error_mode() == "raise"
+    monkeypatch.setenv("RINGTUNE_ON_ERROR", "ignore")
+    with pytest.warns(RuntimeWarning, match="RINGTUNE_ON_ERROR='ignore': use one of abort, raise"):
+        assert on_error_mode() == "abort"

@@ -132,3 +132,16 @@ def test_a_stale_lock_file_does_not_block(tmp_path: Path) -> None:
     assert "999999" not in path.read_text()
     held.release()
     assert not path.exists()
+
+
+def test_storage_in_a_missing_folder_is_refused_once(tmp_path: Path) -> None:
+    """The lock file cannot be made where the database cannot be either: exit 2, one
+    line from rank 0 (the ranks are launched: the storage is opened under MPI)."""
+    url = f"sqlite:///{tmp_path}/missing/p.db"
+    res = subprocess.run([*RINGTUNE, "tune", "-np", "2", "--out", str(tmp_path / "p.yaml"),
+                          "--buckets", "1K", "--storage", url, "--no-progress"],
+                         env=_env(), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("ringtune:")]
+    assert len(errors) == 1 and f"--storage {url}: cannot create the lock file" in errors[0]
+    assert sorted(f.name for f in tmp_path.iterdir()) == []
