@@ -90,7 +90,7 @@ def _form(profile: dict[str, Any]) -> tuple[Any, ...]:
 def _assert_clean_profile(folder: Any, name: str = "p.yaml") -> dict[str, Any]:
     """The profile validates (in a process that knows the test-only ``sleep`` algorithm,
     which a noisy A/B may adopt: it runs native once its plan is built)."""
-    assert not [f for f in os.listdir(folder) if f.endswith(".tmp")]
+    assert not [f for f in os.listdir(folder) if ".tmp" in f]
     path = str(folder / name)
     res = subprocess.run([*RINGTUNE, "validate", path], env=_env(), capture_output=True,
                          text=True, timeout=60)
@@ -145,7 +145,7 @@ def test_sigint_midway_then_resume(tmp_path: Any, reference: dict[str, Any]) -> 
     text, _ = proc.communicate(timeout=60)
     assert proc.returncode != 0, text
     assert not os.path.exists(out), "an interrupted run must not leave a profile"
-    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+    assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
     done = _complete(db)
     assert len(done) >= 3
     res = _tune(out, *BUCKETS, *SLOW)

@@ -219,7 +219,7 @@ BENCH_ARGS = ["bench", "-np", "2", "--algo", "sleep", "--param", "seconds=60", "
               "-e", "8", "-n", "1", "-w", "0"]
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "SIGKILL", "rank 1 SIGKILL"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "SIGHUP", "SIGKILL", "rank 1 SIGKILL"])
 def test_bench_stopped(tmp_path: Path, how: str) -> None:
     mark = uuid.uuid4().hex
     rows = tmp_path / "rows.json"
@@ -234,7 +234,7 @@ def test_bench_stopped(tmp_path: Path, how: str) -> None:
         os.kill(proc.pid, getattr(signal, how))
     code = _ended(proc, mark)
     assert code != 0, log.read_text()
-    if how in ("SIGTERM", "SIGINT"):
+    if how in ("SIGTERM", "SIGINT", "SIGHUP"):
         assert code == 128 + getattr(signal, how)
     assert _left_behind(mark, within=3.0 if how != "SIGKILL" else 10.0) == []
     assert [f.name for f in tmp_path.iterdir()] == ["bench.log"]
