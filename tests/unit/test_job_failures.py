@@ -49,7 +49,7 @@ print(f"rank {comm.rank} finished", flush=True)
 '''
 
 
-def _job(tmp_path: Path, mode: str, algo: str, *, mpi4py: bool = False,
+def _job(tmp_path: Path, mode: str, algo: str, *, mpi4py: bool = False, np: int = 2,
          **env: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "job.py"
     script.write_text(JOB)
@@ -58,18 +58,20 @@ def _job(tmp_path: Path, mode: str, algo: str, *, mpi4py: bool = False,
     clean.update(env, PYTHONPATH=str(ROOT))
     python = [sys.executable, "-m", "mpi4py"] if mpi4py else [sys.executable]
     try:
-        return subprocess.run([MPIEXEC, "-n", "2", *python, str(script), mode, algo],
+        return subprocess.run([MPIEXEC, "-n", str(np), *python, str(script), mode, algo],
                               env=clean, capture_output=True, text=True, timeout=90)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"the job hung ({mode}, {algo}): {exc.stderr!r}") from None
 
 
+@pytest.mark.parametrize("np", [2, 3])
 @pytest.mark.parametrize("algo", ["multiring", "rhd", "hierarchical"])
-def test_size_mismatch_ends_every_rank_naming_the_rank(tmp_path: Path, algo: str) -> None:
-    res = _job(tmp_path, "size", algo)
+def test_size_mismatch_ends_every_rank_naming_the_rank(tmp_path: Path, algo: str,
+                                                       np: int) -> None:
+    res = _job(tmp_path, "size", algo, np=np)
     assert res.returncode != 0, res.stdout
     lines = [ln for ln in res.stderr.splitlines()
-             if re.match(r"ringtune: rank [01]: allreduce of \d+ B with ", ln)]
+             if re.match(r"ringtune: rank \d: allreduce of \d+ B with ", ln)]
     assert lines, res.stderr
     assert algo in lines[0] and "ending every rank" in lines[0], lines[0]
     assert "finished" not in res.stdout
