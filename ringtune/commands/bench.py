@@ -45,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="write the rows as JSON (to FILE, or stdout instead of the table)")
     p.add_argument("-np", type=int, metavar="N", dest="np",
-                   help="ranks to launch when not started under mpiexec")
+                   help="ranks to launch when not started under mpiexec (at least 1; more "
+                   "than 4 per CPU core needs --oversubscribe)")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow -np above 4 ranks per CPU core")
 

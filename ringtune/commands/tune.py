@@ -75,7 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "refusing")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument("-np", dest="np", type=int, default=None, metavar="N",
-                   help="ranks to launch when started without mpiexec")
+                   help="ranks to launch when started without mpiexec (at least 1; more "
+                   "than 4 per CPU core needs --oversubscribe)")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow -np above 4 ranks per CPU core")
 
