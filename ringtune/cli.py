@@ -64,6 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(code or 0)
     except KeyboardInterrupt:
         report_error("interrupted", rank=launch_rank())
+        # A rank blocked inside MPI never sees its SIGINT: end it rather than leave it.
+        _abort_world(130)
         return 130
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line + code
         code = report_error(exc, rank=launch_rank())
