@@ -194,7 +194,10 @@ def relaunch(argv: Sequence[str], ranks: int | None = None) -> int:
     # mpiexec runs in its own process group, so a terminal's Ctrl-C or a batch system's
     # SIGTERM reaches it once, through here (Hydra takes a second SIGINT as "force abort").
     # Its stdin is not the terminal: a background process group reading it would stop.
-    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    # A signal ignored here (``nohup``, a background job of a script) stays ignored, as it
+    # is in mpiexec, which inherits that.
+    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS
+                if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, process_group=0,
                                 preexec_fn=_child_setup())

@@ -238,3 +238,23 @@ def test_bench_stopped(tmp_path: Path, how: str) -> None:
         assert code == 128 + getattr(signal, how)
     assert _left_behind(mark, within=3.0 if how != "SIGKILL" else 10.0) == []
     assert [f.name for f in tmp_path.iterdir()] == ["bench.log"]
+
+
+@pytest.mark.skipif(shutil.which("nohup") is None, reason="no nohup here")
+def test_an_ignored_sighup_stays_ignored(tmp_path: Path) -> None:
+    """Under ``nohup`` a hangup must not stop the job: the launcher forwards only the
+    signals it was not told to ignore."""
+    mark = uuid.uuid4().hex
+    log = tmp_path / "bench.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(["nohup", *RINGTUNE, *BENCH_ARGS[:6], "seconds=3",
+                                 *BENCH_ARGS[7:]], env=_env(mark), stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                cwd=tmp_path)
+    _wait_for(lambda: "# ringtune bench:" in log.read_text(errors="replace"), proc,
+              "no bench header")
+    os.kill(proc.pid, signal.SIGHUP)
+    code = _ended(proc, mark, timeout=60)
+    assert code == 0, log.read_text()
+    assert "# Out of bounds values : 0 OK" in log.read_text()
+    assert _left_behind(mark) == []
