@@ -79,6 +79,9 @@ class Communicator:
         self._plans: dict[Any, _Prepared] = {}
         self._contexts: dict[tuple[str, str], Context] = {}
         self._transports: list[Transport] = []
+        #: Why the given profile was set aside for built-in defaults (topology mismatch);
+        #: ``None`` when it is in use or none was given. ``explain`` says it.
+        self.set_aside: str | None = None
         self.profile = self._resolve_profile(profile)
         self.hosts = self._agree_at_construction()
         if self.topology is None:
@@ -96,7 +99,10 @@ class Communicator:
         if path is None:
             return builtin_profile(self.size)
         try:
-            return load_profile(os.fspath(path), world_size=self.size)
+            # Not ``world_size=self.size``: a profile of another world size is a topology
+            # mismatch (warn and fall back, or raise when strict; ``_check_fingerprint``),
+            # not a broken file.
+            return load_profile(os.fspath(path))
         except ProfileError as exc:
             return exc
         except OSError as exc:
@@ -148,25 +154,44 @@ class Communicator:
         return probes.detect(self.comm)
 
     def _check_fingerprint(self) -> None:
-        """Compare the profile's topology fingerprint with this world's (when the profile
-        has one): warn once and use built-in defaults, or raise when strict."""
+        """Compare the profile's world size and topology fingerprint with this world's:
+        on a mismatch warn once and use built-in defaults, or raise when strict. The same
+        decision on every rank (they agreed on the profile, and the world is common)."""
         prof = self.profile
         assert isinstance(prof, Profile)
-        if prof.builtin or not prof.fingerprint:
+        if prof.builtin:
             return
-        if self.topology is None:
+        found = self._mismatch(prof)
+        if found is None:
             return
-        here = self.topology.fingerprint()
-        if here == prof.fingerprint:
-            return
-        msg = (f"{prof.path}: profile was tuned on topology {prof.fingerprint[:19]}…, this "
-               f"world is {here[:19]}…")
+        reason, fix = found
         if self.strict:
-            raise TopologyMismatchError(msg + " (strict): re-tune with `ringtune tune` here or "
-                                        "unset RINGTUNE_STRICT to fall back to defaults")
+            raise TopologyMismatchError(f"{prof.path}: {reason} (strict): {fix}, or unset "
+                                        "RINGTUNE_STRICT to fall back to built-in defaults")
         if self.rank == 0:
-            warnings.warn(msg + "; using built-in defaults", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{prof.path}: {reason}; using built-in defaults ({fix})",
+                          RuntimeWarning, stacklevel=3)
+        self.set_aside = f"profile {prof.path} set aside: {reason}"
         self.profile = builtin_profile(self.size)
+
+    def _mismatch(self, prof: Profile) -> tuple[str, str] | None:
+        """``(why prof does not fit this world, what to do)``; ``None`` when it fits."""
+        hosts = prof.topology.get("hosts")
+        there = _shape(prof.world_size, hosts)
+        here = _shape(self.size, len(set(self.hosts)))
+        retune = f"re-tune here with `ringtune tune -np {self.size}`"
+        if prof.world_size is not None and prof.world_size != self.size:
+            return (f"tuned for {there}, this job has {here}",
+                    f"{retune} or run with {prof.world_size} ranks")
+        if not prof.fingerprint or self.topology is None:
+            return None
+        fingerprint = self.topology.fingerprint()
+        if fingerprint == prof.fingerprint:
+            return None
+        if isinstance(hosts, int) and hosts != len(set(self.hosts)):
+            return f"tuned for {there}, this job has {here}", retune
+        return (f"tuned on topology {prof.fingerprint[:19]}…, this world is "
+                f"{fingerprint[:19]}…", retune)
 
     # -- choosing -------------------------------------------------------------------
 
@@ -193,8 +218,12 @@ class Communicator:
         params = f" ({p.describe_params()})" if p.params else ""
         prof = self.profile
         assert isinstance(prof, Profile)
-        src = ("built-in defaults (no profile: pass profile= or set RINGTUNE_PROFILE)"
-               if prof.builtin else f"profile {prof.path}")
+        if not prof.builtin:
+            src = f"profile {prof.path}"
+        elif self.set_aside:
+            src = f"built-in defaults ({self.set_aside})"
+        else:
+            src = "built-in defaults (no profile: pass profile= or set RINGTUNE_PROFILE)"
         text = (f"{nbytes} B -> {p.algorithm}{params} over {p.transport}: rule {p.rule} "
                 f"[{p.min_bytes}..{hi}] of {src}")
         m = p.measured
@@ -328,6 +357,14 @@ class Communicator:
             t.close()
         self._transports.clear()
         self._contexts.clear()
+
+
+def _shape(world_size: int | None, hosts: Any) -> str:
+    """``3 ranks on 1 host`` (the host count only where known)."""
+    ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
+    if isinstance(hosts, int) and not isinstance(hosts, bool):
+        return f"{ranks} on {hosts} host{'s' if hosts != 1 else ''}"
+    return ranks
 
 
 def _configure_logging() -> None:
