@@ -24,6 +24,8 @@ import numpy as np
 from .algorithms import Context, get_algorithm
 from .backend import Backend, backend_for, check_buffer_dtype, get_backend
 from .errors import AgreementError, ProfileError, TopologyMismatchError, require_agreement
+from .logs import configure as configure_logging
+from .logs import log_level
 from .ops import check_op
 from .plan import Plan
 from .profile import Profile, builtin_profile, load_profile
@@ -70,6 +72,7 @@ class Communicator:
 
     def __init__(self, comm: Any, profile: str | os.PathLike[str] | Profile | None = None,
                  strict: bool = False, topology: Any = None) -> None:
+        log_level()  # an unknown RINGTUNE_LOG: ValueError on every rank, before any message
         self.comm = comm
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
@@ -87,6 +90,17 @@ class Communicator:
         if self.topology is None:
             self.topology = self._detect_topology()
         self._check_fingerprint()
+        #: RINGTUNE_LOG=debug: one line per call (rank 0), checked once here, not per call.
+        self._log_calls = self.rank == 0 and log.isEnabledFor(logging.DEBUG)
+        self._calls = 0
+        if self._log_calls:
+            prof = self.profile
+            assert isinstance(prof, Profile)
+            src = (f"profile {prof.path} (sha256 {prof.sha256[:12]}…, {len(prof.rules)} "
+                   f"rules)" if not prof.builtin else
+                   f"built-in defaults ({self.set_aside or 'no profile given'})")
+            log.debug("communicator: %d ranks on %d host(s), %s; strict=%s check=%s", self.size,
+                      len(set(self.hosts)), src, self.strict, self.check_args)
 
     # -- construction ---------------------------------------------------------------
 
@@ -259,8 +273,11 @@ class Communicator:
             # Before preparing: building a plan can be collective (sub-communicators).
             self._check_agreement(key)
         prepared = self._plans.get(key)
+        cached = prepared is not None
         if prepared is None:
             prepared = self._prepare(key, flat, backend, op, algorithm, transport, params)
+        if self._log_calls:
+            self._log_call(prepared, flat, op, cached)
         prepared.run(flat)
         if prepared.avg:
             prepared.backend.divide(flat, self.size)
@@ -269,6 +286,14 @@ class Communicator:
             # use ``buf`` on any stream (see collectives/cuda/backend.py).
             backend.synchronize()
         return buf
+
+    def _log_call(self, prepared: _Prepared, flat: Any, op: str, cached: bool) -> None:
+        self._calls += 1
+        plan = prepared.plan
+        log.debug("call %d: %d B %s %s -> %s%s over %s (%s plan)", self._calls,
+                  int(flat.size) * int(flat.dtype.itemsize), flat.dtype, op, plan.algorithm,
+                  f" {plan.describe_params()}" if plan.params else "", plan.transport,
+                  "cached" if cached else "new")
 
     def prepared(self, buf: Any, op: str = "sum", algorithm: str | None = None,
                  transport: str | None = None, **params: Any) -> _Prepared:
@@ -316,6 +341,9 @@ class Communicator:
         if log.isEnabledFor(logging.INFO) and self.rank == 0:
             log.info("allreduce %d B %s %s -> %s", nbytes, dtype, op, self.explain(nbytes)
                      if algorithm is None else f"{plan.algorithm} {plan.describe_params()}")
+            log.debug("plan %d B %s %s: %s with %s over %s (source %s)", nbytes, dtype, op,
+                      plan.algorithm, plan.describe_params() or "no parameters",
+                      plan.transport, plan.source)
         return prepared
 
     def _context(self, backend: Backend, tname: str) -> Context:
@@ -367,13 +395,4 @@ def _shape(world_size: int | None, hosts: Any) -> str:
     return ranks
 
 
-def _configure_logging() -> None:
-    level = os.environ.get("RINGTUNE_LOG", "").strip().lower()
-    if level in ("info", "debug") and not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("ringtune: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.DEBUG if level == "debug" else logging.INFO)
-
-
-_configure_logging()
+configure_logging()
