@@ -85,8 +85,17 @@ test: lint gpu unit cuda-static gpu-sim mpi
 tune: install
 	$(VENV)/bin/ringtune tune --out profiles/local.yaml
 
+# The tuned profile when `make tune` wrote one (else the built-in defaults); it says which.
+BENCH_PROFILE ?= profiles/local.yaml
 bench: install
-	$(VENV)/bin/ringtune bench -b 4K -e 64M -f 4 -c 1
+	@if [ -f "$(BENCH_PROFILE)" ]; then \
+	  echo "== make bench: timing the tuned profile $(BENCH_PROFILE)"; \
+	  set -- --profile "$(BENCH_PROFILE)"; \
+	else \
+	  echo "== make bench: no $(BENCH_PROFILE) (make tune writes it): timing the built-in defaults"; \
+	  set --; \
+	fi; \
+	$(VENV)/bin/ringtune bench -b 4K -e 64M -f 4 -c 1 "$$@"
 
 clean:
 	rm -rf $(VENV) $(CUDA_VENV) build *.egg-info

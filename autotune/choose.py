@@ -54,12 +54,9 @@ def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[Buck
         return time_allreduce(runtime, count, opts.dtype, opts.op, a, own, warmup=warmup,
                               iters=iters, transport=transport, backend=backend).time_us
 
-    native = native_config(opts, n)
+    native, own, borrowed = ab_candidates(opts, summaries, i, n)
     cands: list[tuple[str, dict[str, Any]]] = []
     keys = {space.config_key(*native)}
-    own = [(a, p) for a, p, _ in s.top[:2]]
-    borrowed = [(a, p) for j in (i - 1, i + 1) if 0 <= j < len(summaries)
-                for a, p, _ in summaries[j].top[:1]]
     for a, p in own + borrowed:
         k = space.config_key(a, p)
         if k in keys:
@@ -88,6 +85,18 @@ def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[Buck
     return Choice(nbytes, a, dict(p), med[best_j], native_t, busbw(nbytes, med[best_j], n),
                   busbw(nbytes, native_t, n),
                   [(everyone[j][0], dict(everyone[j][1]), med[j]) for j in range(len(med))])
+
+
+def ab_candidates(opts: TuneOptions, summaries: Sequence[BucketSummary], i: int,
+                  world_size: int) -> tuple[tuple[str, dict[str, Any]],
+                                            list[tuple[str, dict[str, Any]]],
+                                            list[tuple[str, dict[str, Any]]]]:
+    """What bucket ``i``'s A/B compares: ``(native, its own two best, its neighbours'
+    winners)``; with ``--margin`` all that its choice depends on besides the timings."""
+    own = [(a, p) for a, p, _ in summaries[i].top[:2]]
+    borrowed = [(a, p) for j in (i - 1, i + 1) if 0 <= j < len(summaries)
+                for a, p, _ in summaries[j].top[:1]]
+    return native_config(opts, world_size), own, borrowed
 
 
 def native_config(opts: TuneOptions, world_size: int) -> tuple[str, dict[str, Any]]:
@@ -145,11 +154,10 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
         for r in rules:
             if r["transport"] == default_transport:
                 del r["transport"]  # the profile's own transport applies
-    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     return {
         "format": FORMAT,
         "version": VERSION,
-        "created": now.isoformat().replace("+00:00", "Z"),
+        "created": _created(choices),
         "tool": {"name": "ringtune", "version": __version__},
         "topology": dict(identity),
         "backend": "cupy" if gpu else "numpy",
@@ -160,6 +168,7 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
         "tuning": {
             "trials": sum(s.evaluated for s in summaries),
             "seconds": round(seconds, 1),
+            **({"ran": ran} if (ran := _ran(summaries, choices)) else {}),
             "sampler": {"tpe": "TPESampler", "random": "RandomSampler",
                         "grid": "grid (every configuration enqueued)"}[opts.sampler],
             "seed": opts.seed,
@@ -173,6 +182,27 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
             **({"transports": list(opts.transports or [])} if gpu else {}),
         },
     }
+
+
+def _created(choices: Sequence[Choice]) -> str:
+    """When the profile's content was measured: the latest A/B of its choices (recorded in
+    the storage, so a rerun that reuses them writes the same date), else now."""
+    stamps = [c.measured_at for c in choices if c.measured_at]
+    if stamps and len(stamps) == len(choices):
+        return max(stamps)
+    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    return now.isoformat().replace("+00:00", "Z")
+
+
+def _ran(summaries: Sequence[BucketSummary], choices: Sequence[Choice]) -> str | None:
+    """``FIRST/LAST`` (ISO 8601 interval, UTC): from the first trial to the last A/B, over
+    every run that contributed; ``None`` without recorded trial times."""
+    firsts = [s.first_trial for s in summaries if s.first_trial]
+    lasts = [t for s in summaries for t in (s.last_trial,) if t]
+    lasts += [c.measured_at for c in choices if c.measured_at]
+    if not firsts or not lasts:
+        return None
+    return f"{min(firsts)}/{max(lasts)}"
 
 
 def _most_common(names: Sequence[str], preference: Sequence[str]) -> str:

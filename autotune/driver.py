@@ -7,13 +7,21 @@ it decides to the other ranks. Use ``make_sampler`` for the Optuna sampler behin
 
 Persistence (DESIGN.md "Tuning procedure" 6–7): a bucket marked ``finished`` in its study is
 not searched again; a trial left RUNNING by an interrupted run is marked FAIL
-("interrupted") and its configuration queued again; a trial that exceeded
-``--trial-timeout`` is FAIL ("timeout") and its configuration is never run again in that
-study.
+("interrupted") and its configuration queued again. A trial that exceeded
+``--trial-timeout`` is recorded as TIMEOUT (an Optuna FAIL whose result says so): a timeout
+is evidence about the machine at that moment (a link cut, a busy node), not proof that the
+configuration is bad, so the next run retries it once, first; only a second timeout rules
+it out.
+
+Exhaustion: a discrete space is exhausted only when every configuration in it is measured
+or ruled out. When the sampler keeps proposing configurations it already knows, an untried
+one is drawn directly (seeded), so a converged sampler never ends a bucket early.
 """
 
 from __future__ import annotations
 
+import datetime
+import functools
 import importlib
 import random
 import time
@@ -23,14 +31,19 @@ from typing import Any
 from collectives.profile import builtin_profile
 
 from . import space
-from .objective import COMPLETE, FAIL, PRUNED
+from .objective import COMPLETE, FAIL, PRUNED, TIMEOUT
 from .records import BucketSummary, TuneOptions
 
 SAMPLERS = ("tpe", "random", "grid")
 
-#: Consecutive proposals of already-measured configurations after which a bucket's space
-#: counts as exhausted (the sampler keeps proposing what it knows).
+#: Consecutive proposals of already-measured configurations after which a continuous space
+#: (which cannot be enumerated) counts as converged: the sampler keeps proposing what it knows.
 MAX_DUPLICATE_STREAK = 15
+#: Consecutive known proposals after which an untried configuration of a discrete space is
+#: drawn directly instead of waiting for the sampler to find one.
+DRAW_AFTER_DUPLICATES = 3
+#: Timeouts of one configuration (over separate runs) after which it is ruled out.
+MAX_TIMEOUTS = 2
 
 
 def make_sampler(name: str, seed: int) -> Any:
@@ -54,6 +67,7 @@ class Driver:
         import optuna
 
         self.opts = opts
+        self.added = 0
         self.nbytes = nbytes
         self.world_size = world_size
         self.algorithms = algorithms
@@ -66,6 +80,7 @@ class Driver:
         self.pending_cfg: tuple[str, dict[str, Any]] | None = None
         self.dup_streak = 0
         self.grid_keys: set[str] | None = None
+        self._rng = random.Random(f"{opts.seed}:{name}")
         self._space: list[tuple[dict[str, Any], space.Config]] | None = None
         self._scan()
 
@@ -74,7 +89,9 @@ class Driver:
         from optuna.trial import TrialState
 
         self.done: dict[str, tuple[str, float | None]] = {}
-        self.timed_out: set[str] = set()
+        #: Timeouts recorded per configuration, and the trial params to retry each with.
+        self.timeouts: dict[str, int] = {}
+        self.timeout_params: dict[str, dict[str, Any]] = {}
         self.evaluated = 0
         self.best: float | None = None
         for t in self.study.get_trials(deepcopy=False):
@@ -84,9 +101,12 @@ class Driver:
             if key is None:
                 continue
             result = t.user_attrs.get("result")
-            if result and result.get("timeout"):
-                self.timed_out.add(key)
             if not result:
+                continue
+            if result.get("timeout") or result.get("state") == TIMEOUT:
+                # Not a measurement: it counts against neither --trials nor the space.
+                self.timeouts[key] = self.timeouts.get(key, 0) + 1
+                self.timeout_params.setdefault(key, dict(t.params))
                 continue
             self.evaluated += 1
             state = {TrialState.COMPLETE: COMPLETE, TrialState.PRUNED: PRUNED}.get(
@@ -95,6 +115,18 @@ class Driver:
             if state == COMPLETE and t.value is not None and (
                     self.best is None or t.value < self.best):
                 self.best = t.value
+
+    @property
+    def ruled_out(self) -> set[str]:
+        """Configurations that timed out ``MAX_TIMEOUTS`` times and were never measured."""
+        return {k for k, c in self.timeouts.items() if c >= MAX_TIMEOUTS and k not in self.done}
+
+    def untried(self) -> list[str]:
+        """Configurations of a discrete space neither measured nor ruled out (sorted);
+        empty for a continuous space, which cannot be listed."""
+        if self.grid_keys is None:
+            return []
+        return sorted(self.grid_keys - set(self.done) - self.ruled_out)
 
     @property
     def finished(self) -> str | None:
@@ -129,6 +161,7 @@ class Driver:
             if self.opts.sampler == "grid":
                 raise
             self.grid_keys = None  # a continuous space: only the duplicate streak stops it
+        self._queue_retries()
         if trials:
             return
         for params in self._warm_start():
@@ -138,6 +171,47 @@ class Driver:
             random.Random(self.opts.seed).shuffle(order)
             for tparams, _ in order:
                 self.study.enqueue_trial(tparams, skip_if_exists=True)
+
+    def _queue_retries(self) -> None:
+        """Queue, ahead of anything else, each configuration that timed out once and was
+        never measured: the retry that decides whether it is ruled out. Once per
+        configuration, not per run: a retry left queued by an interrupted run stays one."""
+        from optuna.trial import TrialState
+
+        retries: list[dict[str, Any]] = []
+        for key, count in sorted(self.timeouts.items()):
+            params = self.timeout_params.get(key)
+            if count < MAX_TIMEOUTS and key not in self.done and params \
+                    and params not in retries:
+                retries.append(params)
+        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        # An enqueued trial carries its params as ``fixed_params`` until it is asked for.
+        queued = [t.system_attrs.get("fixed_params") for t in waiting]
+        if not retries or queued[:len(retries)] == retries:
+            return
+        # Optuna hands out the oldest waiting trial first: take back what earlier runs left
+        # queued (each ``ask`` pops one; it is closed without a configuration, which the
+        # history ignores) and queue it again behind the retries.
+        for _ in waiting:
+            popped = self.study.ask()
+            popped.set_user_attr("requeued", "behind a --trial-timeout retry")
+            self.study.tell(popped, state=TrialState.FAIL)
+        for params in retries + [q for q in queued if q and q not in retries]:
+            self.study.enqueue_trial(dict(params), skip_if_exists=False)
+
+    def _draw_untried(self) -> None:
+        """Queue one untried configuration of the space (seeded choice) for the next ask."""
+        untried = self.untried()
+        if not untried:
+            return
+        key = self._rng.choice(untried)
+        params = self._trial_params.get(key)
+        if params is not None:
+            self.study.enqueue_trial(dict(params), skip_if_exists=False)
+
+    @functools.cached_property
+    def _trial_params(self) -> dict[str, dict[str, Any]]:
+        return {space.config_key(*cfg): tparams for tparams, cfg in self.space()}
 
     def _warm_start(self) -> list[dict[str, Any]]:
         """``native`` first, then the cost model's best guesses and sensible defaults."""
@@ -190,22 +264,26 @@ class Driver:
                 return {"op": "done", "reason": "trials"}
             if self.evaluated >= 1 and time.monotonic() > deadline:
                 return {"op": "done", "reason": "budget"}
-            if self.grid_keys is not None and self.grid_keys <= (
-                    set(self.done) | self.timed_out):
+            if self.grid_keys is not None and not self.untried():
                 return {"op": "done", "reason": "exhausted"}
-            if self.dup_streak >= MAX_DUPLICATE_STREAK:
-                return {"op": "done", "reason": "exhausted"}
+            if self.grid_keys is None and self.dup_streak >= MAX_DUPLICATE_STREAK:
+                return {"op": "done", "reason": "converged"}
+            if self.dup_streak >= MAX_DUPLICATE_STREAK + len(self.grid_keys or ()):
+                # Untried configurations were queued and never came back from the sampler:
+                # say so rather than call the space exhausted.
+                return {"op": "done", "reason": "stalled"}
             trial = self.study.ask()
             algo, params = space.suggest(trial, self.world_size, self.nbytes,
                                          self.algorithms, self.opts.transports)
             key = space.config_key(algo, params)
             # One attribute per trial (each write is one SQLite transaction).
             config = {"key": key, "algorithm": algo, "params": params}
-            if key in self.timed_out:
-                config["note"] = "skipped: exceeded --trial-timeout in an earlier run"
+            if key in self.ruled_out:
+                config["note"] = (f"skipped: exceeded --trial-timeout in {MAX_TIMEOUTS} "
+                                  "earlier runs")
                 trial.set_user_attr("config", config)
                 self.study.tell(trial, state=TrialState.FAIL)
-                self.dup_streak += 1
+                self._known_proposed()
                 continue
             if key in self.done:
                 state, value = self.done[key]
@@ -216,14 +294,21 @@ class Driver:
                 else:
                     self.study.tell(trial, state=TrialState.PRUNED if state == PRUNED
                                     else TrialState.FAIL)
-                self.dup_streak += 1
+                self._known_proposed()
                 continue
+            if key in self.timeouts:
+                config["note"] = "retry: exceeded --trial-timeout in an earlier run"
             trial.set_user_attr("config", config)
             self.dup_streak = 0
             self.pending = trial
             self.pending_cfg = (algo, params)
             return {"op": "run", "number": trial.number, "algorithm": algo,
                     "params": params, "best": self.best}
+
+    def _known_proposed(self) -> None:
+        self.dup_streak += 1
+        if self.grid_keys is not None and self.dup_streak >= DRAW_AFTER_DUPLICATES:
+            self._draw_untried()
 
     def record(self, outcome: Any) -> None:
         from optuna.trial import TrialState
@@ -247,22 +332,32 @@ class Driver:
         self.done[key] = (outcome.state, outcome.time_us if outcome.state == COMPLETE
                           else None)
         self.evaluated += 1
+        self.added += 1
         self.pending = self.pending_cfg = None
 
     def record_timeout(self, description: str, timeout_s: float) -> str:
-        """Watchdog thread: mark the trial in flight FAIL (never retried) and say why."""
+        """Watchdog thread: record the trial in flight as TIMEOUT and say what happens next
+        (retried once by the next run; ruled out after ``MAX_TIMEOUTS``)."""
         from optuna.trial import TrialState
 
-        trial = self.pending
+        trial, cfg = self.pending, self.pending_cfg
         where = self.opts.storage or ""
-        if trial is not None:
+        count = 1
+        if trial is not None and cfg is not None:
+            key = space.config_key(*cfg)
+            count = self.timeouts.get(key, 0) + 1
             trial.set_user_attr("result", {
-                "state": FAIL, "timeout": True,
+                "state": TIMEOUT, "timeout": True,
                 "reason": f"timeout: still running after {timeout_s:g} s"})
             self.study.tell(trial, state=TrialState.FAIL)
+        if count < MAX_TIMEOUTS:
+            fate = ("the next run retries it once before ruling it out (a timeout may be the "
+                    "machine's, not the configuration's)")
+        else:
+            fate = f"it timed out in {count} runs and is ruled out"
         return (f"trial {description} exceeded --trial-timeout {timeout_s:g} s; it is "
-                f"recorded as FAIL in {where} (study {self.name}) and will not be retried: "
-                "rerun the same command to resume")
+                f"recorded as TIMEOUT in {where} (study {self.name}) and {fate}: rerun the "
+                "same command to resume")
 
     def finish(self, reason: str) -> BucketSummary:
         from optuna.trial import TrialState
@@ -272,9 +367,11 @@ class Driver:
         top: list[tuple[str, dict[str, Any], float]] = []
         by_algo: dict[str, tuple[dict[str, Any], float]] = {}
         seen: set[str] = set()
-        completes = [t for t in self.study.get_trials(deepcopy=False,
-                                                      states=(TrialState.COMPLETE,))
-                     if t.user_attrs.get("result") and t.value is not None]
+        trials = self.study.get_trials(deepcopy=False)
+        completes = [t for t in trials if t.state == TrialState.COMPLETE
+                     and t.user_attrs.get("result") and t.value is not None]
+        # Stable sort over trial numbers: equal times keep the order they were measured in,
+        # so a rerun on the same storage builds the same summary.
         completes.sort(key=lambda t: float(t.value or 0.0))
         for t in completes:
             config = t.user_attrs["config"]
@@ -287,5 +384,28 @@ class Driver:
                 top.append((algo, params, float(t.value or 0.0)))
             by_algo.setdefault(algo, (params, float(t.value or 0.0)))
         self._scan()
+        first, last, seconds = trial_history(trials)
         return BucketSummary(self.nbytes, self.name, self.finished or reason, self.evaluated,
-                             top, by_algo)
+                             top, by_algo, first, last, seconds, self.added)
+
+
+def trial_history(trials: Any) -> tuple[str | None, str | None, float]:
+    """``(first start, last end, seconds)`` of the trials that ran (a result is recorded):
+    from the storage, so the same on every rerun. Times are UTC ISO 8601."""
+    starts, ends, seconds = [], [], 0.0
+    for t in trials:
+        if not t.user_attrs.get("result") or t.datetime_start is None:
+            continue
+        starts.append(t.datetime_start)
+        if t.datetime_complete is not None:
+            ends.append(t.datetime_complete)
+            seconds += (t.datetime_complete - t.datetime_start).total_seconds()
+    if not starts:
+        return None, None, 0.0
+    return _utc(min(starts)), _utc(max(ends or starts)), round(seconds, 3)
+
+
+def _utc(when: datetime.datetime) -> str:
+    # Optuna stores naive local times; astimezone() reads a naive time as local.
+    return when.astimezone(datetime.timezone.utc).replace(microsecond=0).isoformat().replace(
+        "+00:00", "Z")

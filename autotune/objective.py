@@ -21,6 +21,9 @@ from .space import split_transport
 COMPLETE = "complete"
 FAIL = "fail"
 PRUNED = "pruned"
+#: A trial stopped by the watchdog (``--trial-timeout``): evidence about the machine at that
+#: moment, not a verdict on the configuration, so it is retried once on a later run.
+TIMEOUT = "timeout"
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,13 @@ class BucketSummary:
     top: list[tuple[str, dict[str, Any], float]] = field(default_factory=list)
     #: Fastest COMPLETE configuration of each algorithm: name -> (params, time_us).
     best_by_algorithm: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)
+    #: When the bucket's measured trials ran, from the storage (UTC, ISO 8601; ``None``
+    #: before any), and the seconds they took together: true across resumed runs.
+    first_trial: str | None = None
+    last_trial: str | None = None
+    trial_seconds: float = 0.0
+    #: Trials measured by this run (0 for a bucket finished by an earlier one).
+    added: int = 0
 
 
 @dataclass
@@ -76,6 +83,10 @@ class Choice:
     busbw_gbps: float
     native_busbw_gbps: float
     candidates: list[tuple[str, dict[str, Any], float]] = field(default_factory=list)
+    #: When the A/B ran (UTC, ISO 8601) and how long it took; a rerun on a finished study
+    #: reuses the recorded choice with these (``autotune.replay``).
+    measured_at: str | None = None
+    seconds: float = 0.0
 
     @property
     def speedup(self) -> float:
@@ -89,3 +100,10 @@ class TuneResult:
     choices: list[Choice]
     seconds: float
     path: str
+    #: False when the file already held exactly this profile (a rerun with nothing new).
+    rewritten: bool = True
+
+    @property
+    def added(self) -> int:
+        """Trials this run measured (0 on a rerun of a finished tune)."""
+        return sum(b.added for b in self.buckets)

@@ -98,7 +98,11 @@ def rule_table(profile: Mapping[str, Any]) -> str:
     return format_table(RULE_HEADER, rule_rows(profile))
 
 
-def profile_heading(profile: Mapping[str, Any], path: str | None = None) -> str:
+def profile_heading(profile: Mapping[str, Any], path: str | None = None,
+                    added: int | None = None) -> str:
+    """One line about a profile: where, for what world, and when its trials ran.
+    ``added``: trials the run that printed it measured (``ringtune tune``), since the
+    profile's trials may have run in earlier, resumed runs."""
     topo = profile.get("topology") or {}
     tun = profile.get("tuning") or {}
     bits = [f"profile {path}" if path else "profile",
@@ -110,8 +114,16 @@ def profile_heading(profile: Mapping[str, Any], path: str | None = None) -> str:
     if profile.get("created"):
         head += f"; created {profile['created']}"
     if tun:
-        head += (f"; {tun.get('trials')} trials in {tun.get('seconds')} s "
-                 f"({tun.get('sampler')}, seed {tun.get('seed')})")
+        ran = str(tun.get("ran") or "")
+        if "/" in ran:
+            first, last = ran.split("/", 1)
+            head += (f"; {tun.get('trials')} trials, run {first} .. {last} "
+                     f"({tun.get('seconds')} s measuring, ")
+        else:
+            head += f"; {tun.get('trials')} trials in {tun.get('seconds')} s ("
+        head += f"{tun.get('sampler')}, seed {tun.get('seed')})"
+    if added is not None:
+        head += f"; this run added {added}"
     return head
 
 

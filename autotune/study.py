@@ -27,16 +27,16 @@ from typing import Any, TextIO
 
 from collectives import Communicator
 from collectives.bench import time_allreduce
-from collectives.profile import builtin_profile, write_profile
+from collectives.profile import builtin_profile, dump_profile, write_profile
 
-from . import space
+from . import replay, space
 from .choose import AB_SHARE, ab_choice, build_profile, native_config
 from .driver import SAMPLERS, Driver
 from .lockstep import abort, on_root
 from .naming import default_storage, study_name, world_identity
 from .objective import TrialOutcome, busbw, evaluate, timing_for
 from .progress import Progress, best_text, size_text
-from .records import BucketSummary, TuneError, TuneOptions, TuneResult
+from .records import BucketSummary, Choice, TuneError, TuneOptions, TuneResult
 from .storelock import storage_lock
 from .watchdog import Watchdog
 
@@ -101,17 +101,59 @@ def _tune(comm: Any, opts: TuneOptions, out: TextIO) -> TuneResult:
                                           algorithms, budget_end, progress, watchdog))
     finally:
         watchdog.close()
-    progress.line("re-measuring the best candidates against native (interleaved A/B)")
-    choices = [ab_choice(runtime, opts, summaries, i) for i in range(len(summaries))]
-    profile = build_profile(identity, opts, summaries, choices, time.monotonic() - t_start,
-                            algorithms)
+    choices = _choices(comm, runtime, opts, storage, summaries, progress)
+    # Seconds spent measuring, from the storage: true across resumed runs, and the same
+    # on a rerun with nothing left to do (so the profile is too).
+    seconds = sum(s.trial_seconds for s in summaries) + sum(c.seconds for c in choices)
+    profile = build_profile(identity, opts, summaries, choices, seconds, algorithms)
 
-    def write() -> str:
-        return write_profile(profile, opts.out)
+    def write() -> tuple[str, bool]:
+        return _write_if_changed(profile, opts.out)
 
-    path = on_root(comm, write)
+    path, rewritten = on_root(comm, write)
     runtime.close()
-    return TuneResult(profile, summaries, choices, time.monotonic() - t_start, path)
+    return TuneResult(profile, summaries, choices, time.monotonic() - t_start, path,
+                      rewritten)
+
+
+def _choices(comm: Any, runtime: Communicator, opts: TuneOptions, storage: Any,
+             summaries: list[BucketSummary], progress: Progress) -> list[Choice]:
+    """Each bucket's A/B choice: the one recorded in its study when it was made from the
+    same candidates (``autotune.replay``), else measured now and recorded."""
+    n = comm.Get_size()
+    recorded = on_root(comm, lambda: replay.load_choices(storage, [s.study for s in summaries]))
+    choices: list[Choice] = []
+    announced = False
+    for i, s in enumerate(summaries):
+        inputs = replay.choice_inputs(opts, summaries, i, n)
+        choice = replay.reuse(recorded[i], inputs)
+        if choice is None:
+            if not announced:
+                progress.line("re-measuring the best candidates against native "
+                              "(interleaved A/B)")
+                announced = True
+            t0 = time.monotonic()
+            measured = ab_choice(runtime, opts, summaries, i)
+            measured.seconds = time.monotonic() - t0
+            choice = on_root(comm, functools.partial(replay.save_choice, storage, s.study,
+                                                     measured, inputs))
+        choices.append(choice)
+    if not announced:
+        progress.line("every bucket's A/B choice is recorded in the storage: reused")
+    return choices
+
+
+def _write_if_changed(profile: dict[str, Any], path: str) -> tuple[str, bool]:
+    """Write the profile unless the file already holds exactly this text (a rerun with
+    nothing new): ``(path, rewritten)``."""
+    text = dump_profile(profile)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            if fh.read() == text:
+                return path, False
+    except (OSError, UnicodeDecodeError):
+        pass
+    return write_profile(profile, path), True
 
 
 BACKENDS = ("auto", "numpy", "cupy")

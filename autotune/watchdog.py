@@ -3,9 +3,9 @@
 Use one ``Watchdog`` on rank 0 of a tuning run: ``arm(description, on_timeout)`` before a
 trial, ``disarm()`` after it. When a trial is still running ``timeout_s`` seconds after it
 was armed, the watchdog thread calls ``on_timeout(description)`` (which records the trial
-as FAIL in the storage, so a rerun never retries it) and then aborts the whole MPI job
-with ``abort(message)``. A thread can do this while the main thread is blocked in MPI
-because mpi4py releases the GIL inside blocking calls.
+as TIMEOUT in the storage: the next run retries it once, a second timeout rules it out)
+and then aborts the whole MPI job with ``abort(message)``. A thread can do this while the
+main thread is blocked in MPI because mpi4py releases the GIL inside blocking calls.
 """
 
 from __future__ import annotations

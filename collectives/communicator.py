@@ -25,6 +25,8 @@ from .abort import abort_world, on_error_mode, rank_line
 from .algorithms import Context, get_algorithm
 from .backend import Backend, backend_for, check_buffer_dtype, get_backend
 from .errors import AgreementError, ProfileError, TopologyMismatchError, require_agreement
+from .logs import configure as configure_logging
+from .logs import log_level
 from .ops import check_op
 from .plan import Plan
 from .profile import Profile, builtin_profile, load_profile
@@ -71,6 +73,7 @@ class Communicator:
 
     def __init__(self, comm: Any, profile: str | os.PathLike[str] | Profile | None = None,
                  strict: bool = False, topology: Any = None) -> None:
+        log_level()  # an unknown RINGTUNE_LOG: ValueError on every rank, before any message
         self.comm = comm
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
@@ -80,11 +83,25 @@ class Communicator:
         self._plans: dict[Any, _Prepared] = {}
         self._contexts: dict[tuple[str, str], Context] = {}
         self._transports: list[Transport] = []
+        #: Why the given profile was set aside for built-in defaults (topology mismatch);
+        #: ``None`` when it is in use or none was given. ``explain`` says it.
+        self.set_aside: str | None = None
         self.profile = self._resolve_profile(profile)
         self.hosts = self._agree_at_construction()
         if self.topology is None:
             self.topology = self._detect_topology()
         self._check_fingerprint()
+        #: RINGTUNE_LOG=debug: one line per call (rank 0), checked once here, not per call.
+        self._log_calls = self.rank == 0 and log.isEnabledFor(logging.DEBUG)
+        self._calls = 0
+        if self._log_calls:
+            prof = self.profile
+            assert isinstance(prof, Profile)
+            src = (f"profile {prof.path} (sha256 {prof.sha256[:12]}…, {len(prof.rules)} "
+                   f"rules)" if not prof.builtin else
+                   f"built-in defaults ({self.set_aside or 'no profile given'})")
+            log.debug("communicator: %d ranks on %d host(s), %s; strict=%s check=%s", self.size,
+                      len(set(self.hosts)), src, self.strict, self.check_args)
 
     # -- construction ---------------------------------------------------------------
 
@@ -97,7 +114,10 @@ class Communicator:
         if path is None:
             return builtin_profile(self.size)
         try:
-            return load_profile(os.fspath(path), world_size=self.size)
+            # Not ``world_size=self.size``: a profile of another world size is a topology
+            # mismatch (warn and fall back, or raise when strict; ``_check_fingerprint``),
+            # not a broken file.
+            return load_profile(os.fspath(path))
         except ProfileError as exc:
             return exc
         except OSError as exc:
@@ -149,25 +169,44 @@ class Communicator:
         return probes.detect(self.comm)
 
     def _check_fingerprint(self) -> None:
-        """Compare the profile's topology fingerprint with this world's (when the profile
-        has one): warn once and use built-in defaults, or raise when strict."""
+        """Compare the profile's world size and topology fingerprint with this world's:
+        on a mismatch warn once and use built-in defaults, or raise when strict. The same
+        decision on every rank (they agreed on the profile, and the world is common)."""
         prof = self.profile
         assert isinstance(prof, Profile)
-        if prof.builtin or not prof.fingerprint:
+        if prof.builtin:
             return
-        if self.topology is None:
+        found = self._mismatch(prof)
+        if found is None:
             return
-        here = self.topology.fingerprint()
-        if here == prof.fingerprint:
-            return
-        msg = (f"{prof.path}: profile was tuned on topology {prof.fingerprint[:19]}…, this "
-               f"world is {here[:19]}…")
+        reason, fix = found
         if self.strict:
-            raise TopologyMismatchError(msg + " (strict): re-tune with `ringtune tune` here or "
-                                        "unset RINGTUNE_STRICT to fall back to defaults")
+            raise TopologyMismatchError(f"{prof.path}: {reason} (strict): {fix}, or unset "
+                                        "RINGTUNE_STRICT to fall back to built-in defaults")
         if self.rank == 0:
-            warnings.warn(msg + "; using built-in defaults", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{prof.path}: {reason}; using built-in defaults ({fix})",
+                          RuntimeWarning, stacklevel=3)
+        self.set_aside = f"profile {prof.path} set aside: {reason}"
         self.profile = builtin_profile(self.size)
+
+    def _mismatch(self, prof: Profile) -> tuple[str, str] | None:
+        """``(why prof does not fit this world, what to do)``; ``None`` when it fits."""
+        hosts = prof.topology.get("hosts")
+        there = _shape(prof.world_size, hosts)
+        here = _shape(self.size, len(set(self.hosts)))
+        retune = f"re-tune here with `ringtune tune -np {self.size}`"
+        if prof.world_size is not None and prof.world_size != self.size:
+            return (f"tuned for {there}, this job has {here}",
+                    f"{retune} or run with {prof.world_size} ranks")
+        if not prof.fingerprint or self.topology is None:
+            return None
+        fingerprint = self.topology.fingerprint()
+        if fingerprint == prof.fingerprint:
+            return None
+        if isinstance(hosts, int) and hosts != len(set(self.hosts)):
+            return f"tuned for {there}, this job has {here}", retune
+        return (f"tuned on topology {prof.fingerprint[:19]}…, this world is "
+                f"{fingerprint[:19]}…", retune)
 
     # -- choosing -------------------------------------------------------------------
 
@@ -194,8 +233,12 @@ class Communicator:
         params = f" ({p.describe_params()})" if p.params else ""
         prof = self.profile
         assert isinstance(prof, Profile)
-        src = ("built-in defaults (no profile: pass profile= or set RINGTUNE_PROFILE)"
-               if prof.builtin else f"profile {prof.path}")
+        if not prof.builtin:
+            src = f"profile {prof.path}"
+        elif self.set_aside:
+            src = f"built-in defaults ({self.set_aside})"
+        else:
+            src = "built-in defaults (no profile: pass profile= or set RINGTUNE_PROFILE)"
         text = (f"{nbytes} B -> {p.algorithm}{params} over {p.transport}: rule {p.rule} "
                 f"[{p.min_bytes}..{hi}] of {src}")
         m = p.measured
@@ -231,8 +274,11 @@ class Communicator:
             # Before preparing: building a plan can be collective (sub-communicators).
             self._check_agreement(key)
         prepared = self._plans.get(key)
+        cached = prepared is not None
         if prepared is None:
             prepared = self._prepare(key, flat, backend, op, algorithm, transport, params)
+        if self._log_calls:
+            self._log_call(prepared, flat, op, cached)
         try:
             prepared.run(flat)
             if prepared.avg:
@@ -246,6 +292,14 @@ class Communicator:
                 raise
             self._abort(exc, prepared.plan, flat)
         return buf
+
+    def _log_call(self, prepared: _Prepared, flat: Any, op: str, cached: bool) -> None:
+        self._calls += 1
+        plan = prepared.plan
+        log.debug("call %d: %d B %s %s -> %s%s over %s (%s plan)", self._calls,
+                  int(flat.size) * int(flat.dtype.itemsize), flat.dtype, op, plan.algorithm,
+                  f" {plan.describe_params()}" if plan.params else "", plan.transport,
+                  "cached" if cached else "new")
 
     def prepared(self, buf: Any, op: str = "sum", algorithm: str | None = None,
                  transport: str | None = None, **params: Any) -> _Prepared:
@@ -302,6 +356,9 @@ class Communicator:
         if log.isEnabledFor(logging.INFO) and self.rank == 0:
             log.info("allreduce %d B %s %s -> %s", nbytes, dtype, op, self.explain(nbytes)
                      if algorithm is None else f"{plan.algorithm} {plan.describe_params()}")
+            log.debug("plan %d B %s %s: %s with %s over %s (source %s)", nbytes, dtype, op,
+                      plan.algorithm, plan.describe_params() or "no parameters",
+                      plan.transport, plan.source)
         return prepared
 
     def _context(self, backend: Backend, tname: str) -> Context:
@@ -368,13 +425,12 @@ class Communicator:
         self._contexts.clear()
 
 
-def _configure_logging() -> None:
-    level = os.environ.get("RINGTUNE_LOG", "").strip().lower()
-    if level in ("info", "debug") and not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("ringtune: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.DEBUG if level == "debug" else logging.INFO)
+def _shape(world_size: int | None, hosts: Any) -> str:
+    """``3 ranks on 1 host`` (the host count only where known)."""
+    ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
+    if isinstance(hosts, int) and not isinstance(hosts, bool):
+        return f"{ranks} on {hosts} host{'s' if hosts != 1 else ''}"
+    return ranks
 
 
-_configure_logging()
+configure_logging()

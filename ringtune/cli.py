@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -58,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (the console script exits with it)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
+        if os.environ.get("RINGTUNE_LOG"):
+            from collectives.logs import log_level
+
+            log_level()  # an unknown level: one line and exit 2, before anything runs
         args = build_parser().parse_args(args_list)
         args._argv = args_list  # the verb and its flags, for relaunching under mpiexec
         code = args._run(args)

@@ -5,6 +5,8 @@ since the check and the timing share the plan), then runs the native allreduce. 
 large ``seconds`` it is the deliberately hanging candidate the watchdog tests need; with a
 small one it makes trials slow enough to interrupt a tuning run midway. Its search space
 offers the values in ``$RINGTUNE_TEST_SLEEP`` (comma-separated seconds, default 3600).
+``$RINGTUNE_TEST_SLEEP_CAP`` caps the actual delay without changing the configuration: the
+same candidate that hung in one run completes in the next (a fault that went away).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class Sleep(Algorithm):
     def __init__(self, ctx: Context, count: int, dtype: str, op: str,
                  params: Mapping[str, Any]) -> None:
         super().__init__(ctx, count, dtype, op, params)
-        time.sleep(self.params["seconds"])
+        cap = float(os.environ.get("RINGTUNE_TEST_SLEEP_CAP", "inf"))
+        time.sleep(min(self.params["seconds"], cap))
 
     def run(self, buf: Any) -> None:
         if self.count == 0 or self.ctx.size == 1:

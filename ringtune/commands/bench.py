@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
     from collectives import Communicator
     from collectives.bench import avg_busbw, format_header, format_row, rows_to_json, run_bench
+    from collectives.profile import Profile
 
     world = MPI.COMM_WORLD
     comm = Communicator(world, profile=args.profile)
@@ -123,8 +124,13 @@ def run(args: argparse.Namespace) -> int:
     to_stdout_json = args.json == "-"
     backend = "cupy" if args.gpu else "numpy"
     params = _check_algorithm(args.algo, params, comm.size)
+    # What actually runs: a profile from --profile or $RINGTUNE_PROFILE, or the defaults
+    # (and why, when a profile was set aside for another topology).
+    prof = comm.profile
+    assert isinstance(prof, Profile)  # a profile that failed to load raised above
     what = (f"algorithm {args.algo}" if args.algo else
-            f"profile {args.profile}" if args.profile else "built-in defaults")
+            f"profile {prof.path}" if not prof.builtin else
+            f"built-in defaults ({comm.set_aside})" if comm.set_aside else "built-in defaults")
     if args.transport:
         moved_by = args.transport
     elif args.algo or backend == "numpy":

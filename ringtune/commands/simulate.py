@@ -146,21 +146,51 @@ def tables(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _plot(result: dict[str, Any], path: str) -> None:
+#: Per algorithm, in order: marker and line style. Series that coincide (``native`` and
+#: ``rhd`` predict the same times where MPI runs recursive halving-doubling) stay visible:
+#: earlier series are drawn larger and wider underneath, later ones smaller on top.
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_LINESTYLES = ("-", "--", "-.", ":")
+
+
+def plot_styles(names: list[str]) -> dict[str, dict[str, Any]]:
+    """One matplotlib style per algorithm name (the same in every panel): colour, marker,
+    line style, and size and depth so that identical series do not hide each other."""
+    out: dict[str, dict[str, Any]] = {}
+    for i, name in enumerate(names):
+        out[name] = {"color": f"C{i % 10}", "marker": _MARKERS[i % len(_MARKERS)],
+                     "linestyle": _LINESTYLES[i % len(_LINESTYLES)],
+                     "markersize": max(3.0, 10.0 - 2.0 * i), "linewidth": max(1.0, 3.0 - 0.6 * i),
+                     "zorder": 2 + i, "markerfacecolor": "none" if i % 2 == 0 else None}
+    return out
+
+
+def _algorithm_names(result: dict[str, Any]) -> list[str]:
+    """Every algorithm of both panels, in the size table's order, then any others."""
+    names = list(result["sizes"][0]["algorithms"])
+    w = result.get("workload")
+    for s in (w or {}).get("scaling", [])[:1]:
+        names += [n for n in s["algorithms"] if n not in names]
+    return names
+
+
+def figure(result: dict[str, Any]) -> Any:
+    """The matplotlib figure of a simulation: busbw per size, and with a workload the
+    scaling efficiency per rank count; one style per algorithm across both panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from collectives.atomic import atomic_path
-
+    names = _algorithm_names(result)
+    styles = plot_styles(names)
     w = result.get("workload")
     fig, axes = plt.subplots(1, 2 if w else 1, figsize=(12 if w else 7, 4.5), squeeze=False)
     ax = axes[0][0]
     sizes = [r["bytes"] for r in result["sizes"]]
     for name in result["sizes"][0]["algorithms"]:
         ax.plot(sizes, [r["algorithms"][name]["busbw_gbps"] for r in result["sizes"]],
-                marker="o", label=name)
+                label=name, **styles[name])
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("predicted busbw (GB/s)")
@@ -170,9 +200,9 @@ def _plot(result: dict[str, Any], path: str) -> None:
     if w:
         ax2 = axes[0][1]
         ranks = [s["ranks"] for s in w["scaling"]]
-        for name in w["scaling"][0]["algorithms"]:
+        for name in [n for n in names if n in w["scaling"][0]["algorithms"]]:
             ax2.plot(ranks, [100 * s["algorithms"][name]["efficiency"] for s in w["scaling"]],
-                     marker="o", label=name)
+                     label=name, **styles[name])
         ax2.set_xscale("log", base=2)
         ax2.set_xlabel("ranks")
         ax2.set_ylabel("predicted scaling efficiency (%)")
@@ -180,6 +210,15 @@ def _plot(result: dict[str, Any], path: str) -> None:
         ax2.grid(True, alpha=0.3)
         ax2.legend()
     fig.tight_layout()
+    return fig
+
+
+def _plot(result: dict[str, Any], path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    from collectives.atomic import atomic_path
+
+    fig = figure(result)
     try:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format="png", dpi=110)

@@ -54,8 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     p.add_argument("--trial-timeout", type=float, default=DEFAULT_TRIAL_TIMEOUT_S,
                    metavar="S", help="abort the job when one candidate runs longer "
-                   f"(recorded FAIL, never retried; default {DEFAULT_TRIAL_TIMEOUT_S:g}, "
-                   "0 = off)")
+                   "(recorded TIMEOUT; the next run retries it once, a second timeout "
+                   f"rules it out; default {DEFAULT_TRIAL_TIMEOUT_S:g}, 0 = off)")
     p.add_argument("--margin", type=float, default=0.03,
                    help="a non-native choice must beat native by this fraction (default 0.03)")
     p.add_argument("--algorithms", default=None, metavar="LIST",
@@ -172,9 +172,10 @@ def run(args: argparse.Namespace) -> int:
         raise CommandFailed(str(exc)) from None
     if rank == 0:
         print()
-        print(profile_heading(result.profile, result.path))
+        print(profile_heading(result.profile, result.path, added=result.added))
         print(rule_table(result.profile))
-        print(f"wrote {result.path} in {result.seconds:.0f} s "
+        done = "wrote" if result.rewritten else "unchanged (nothing new to measure):"
+        print(f"{done} {result.path} in {result.seconds:.0f} s "
               f"(storage {result.profile['tuning']['storage']})")
         if opts.report:
             paths = write_report(opts.report, result)

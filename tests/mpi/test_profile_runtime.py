@@ -1,7 +1,9 @@
 """The runtime follows profiles, at any world size: rule choice per size, ``explain`` and the
 ``RINGTUNE_LOG=info`` line, ``$RINGTUNE_PROFILE``, and every bad case raising the same
-error on every rank (another world size, different profiles on different ranks, a broken
-file on one rank, a fingerprint mismatch under strict)."""
+error on every rank (different profiles on different ranks, a broken file on one rank, a
+topology mismatch under strict). A topology mismatch (another world size, another
+fingerprint) without strict warns once, falls back to built-in defaults, and ``explain``
+says why."""
 
 from __future__ import annotations
 
@@ -115,16 +117,65 @@ def test_env_var_profile(folder: str, monkeypatch: Any) -> None:
     agree([] if got == ("rhd", path) else [f"got {got}"])
 
 
-def test_profile_for_another_world_size_fails_on_every_rank(folder: str) -> None:
-    path = shared_profile(folder, "other.yaml", profile_dict(world_size=N + 1))
-    result = outcome(lambda: Communicator(WORLD, profile=path))
-    everyone = WORLD.allgather(result)
+def _fallback(path: str, **kw: Any) -> tuple[Communicator, list[str]]:
+    """A communicator built on ``path``, and the RuntimeWarnings this rank saw."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        comm = Communicator(WORLD, profile=path, **kw)
+    return comm, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+@pytest.mark.parametrize("other", [N + 1, max(N - 1, 1) if N > 1 else N + 2])
+def test_profile_for_another_world_size_warns_and_falls_back(folder: str, other: int) -> None:
+    """Another world size is a topology mismatch: warn once (rank 0), use built-in defaults
+    and say so in ``explain``; not a ``ProfileError`` on every rank (that was the old
+    behaviour, contradicting the design and the README)."""
+    data = profile_dict(world_size=other)
+    data["topology"]["hosts"] = 1
+    if other < N:  # the rules must be valid for the profile's own world size
+        data["rules"][2]["params"]["rings"] = 1
+    path = shared_profile(folder, f"other{other}.yaml", data)
+    comm, caught = _fallback(path)
     fails = []
-    if len(set(everyone)) != 1:
-        fails.append(f"ranks disagree: {everyone}")
-    if not result.startswith("ProfileError") or "topology.world_size" not in result \
-            or path not in result:
-        fails.append(f"unexpected: {result}")
+    if not comm.profile.builtin or comm.plan_for(8192).source != "default":
+        fails.append("a profile for another world size was used")
+    hosts = len(set(comm.hosts))
+    shape = (f"tuned for {other} rank{'s' * (other != 1)} on 1 host, this job has {N} "
+             f"rank{'s' * (N != 1)} on {hosts} host{'s' * (hosts != 1)}")
+    if len(caught) != (1 if RANK == 0 else 0):
+        fails.append(f"expected one warning on rank 0 only, got {caught}")
+    elif RANK == 0 and (path not in caught[0] or shape not in caught[0]
+                        or "using built-in defaults" not in caught[0]):
+        fails.append(f"warning: {caught[0]}")
+    line = comm.explain(1 << 18)
+    if f"built-in defaults (profile {path} set aside: {shape})" not in line:
+        fails.append(f"explain: {line}")
+    count = 1 << 16
+    buf = np.empty(count, dtype="float32")
+    fill_input(buf, RANK, "sum")
+    comm.allreduce(buf)
+    if not np.array_equal(buf, expected_result(count, "float32", "sum", N)):
+        fails.append("wrong result after falling back")
+    comm.close()
+    agree(fails)
+
+
+def test_profile_for_another_world_size_raises_when_strict(folder: str,
+                                                           monkeypatch: Any) -> None:
+    path = shared_profile(folder, "strict-other.yaml", profile_dict(world_size=N + 1))
+    fails = []
+    for how in ("strict=True", "RINGTUNE_STRICT=1"):
+        if how == "strict=True":
+            result = outcome(lambda: Communicator(WORLD, profile=path, strict=True))
+        else:
+            monkeypatch.setenv("RINGTUNE_STRICT", "1")
+            result = outcome(lambda: Communicator(WORLD, profile=path))
+        everyone = WORLD.allgather(result)
+        if len(set(everyone)) != 1:
+            fails.append(f"{how}: ranks disagree: {everyone}")
+        if not result.startswith(TopologyMismatchError.__name__) or path not in result \
+                or f"tuned for {N + 1} ranks" not in result or "ringtune tune -np" not in result:
+            fails.append(f"{how}: unexpected: {result}")
     agree(fails)
 
 
@@ -182,9 +233,22 @@ def test_fingerprint_mismatch_warns_and_falls_back_or_raises(folder: str) -> Non
     mine = [w for w in caught if issubclass(w.category, RuntimeWarning)]
     if len(mine) != (1 if RANK == 0 else 0):
         fails.append(f"expected one warning on rank 0 only, got {len(mine)}")
+    line = comm.explain(1024)
+    if f"built-in defaults (profile {path} set aside: tuned on topology sha256:0000" \
+            not in line:
+        fails.append(f"explain: {line}")
     comm.close()
     strict = outcome(lambda: Communicator(WORLD, profile=path, strict=True))
     if not strict.startswith(TopologyMismatchError.__name__):
         fails.append(f"strict: {strict}")
+    # The same world size on another host layout: the reason names both layouts.
+    data = profile_dict(fingerprint="sha256:" + "0" * 64)
+    data["topology"]["hosts"] = 2
+    path = shared_profile(folder, "two-hosts.yaml", data)
+    comm, _ = _fallback(path)
+    line = comm.explain(1024)
+    comm.close()
+    if f"set aside: tuned for {N} rank{'s' * (N != 1)} on 2 hosts, this job has" not in line:
+        fails.append(f"explain: {line}")
     agree(fails)
     assert issubclass(ProfileError, ValueError)

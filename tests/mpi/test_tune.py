@@ -52,12 +52,26 @@ def test_tune_gives_every_rank_the_same_valid_profile(folder: str) -> None:
             fails.append(f"{c.nbytes} B: {c.algorithm} adopted without beating native by 3%")
     agree(fails)
 
+    with open(os.path.join(folder, "p.yaml"), "rb") as fh:
+        first_bytes = fh.read()
     again = tune(WORLD, options(folder))
     fails = []
     if [s.evaluated for s in again.buckets] != [s.evaluated for s in result.buckets]:
         fails.append("a resumed run searched finished buckets again")
     if [s.reason for s in again.buckets] != [s.reason for s in result.buckets]:
         fails.append("finished reasons changed on resume")
+    # Nothing new to measure: the recorded A/B choices are reused, the profile is the same
+    # mapping on every rank and the same bytes on disk, and the file is not rewritten.
+    if again.profile != result.profile:
+        fails.append("a rerun of a finished tune built a different profile")
+    if again.added != 0 or result.added != sum(s.evaluated for s in result.buckets):
+        fails.append(f"trials added: first run {result.added}, rerun {again.added}")
+    if RANK == 0:
+        with open(os.path.join(folder, "p.yaml"), "rb") as fh:
+            if fh.read() != first_bytes:
+                fails.append("a rerun of a finished tune changed the profile's bytes")
+        if again.rewritten:
+            fails.append("a rerun rewrote an unchanged profile")
     agree(fails)
 
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,3 +131,38 @@ def test_console_script_exit_code(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().endswith("expected a positive number, got 0")
     assert "levels[1].bandwidth_gbs" in proc.stderr and proc.stdout == ""
+
+
+def test_plot_gives_each_algorithm_one_style_in_both_panels(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import matplotlib.pyplot as plt
+
+    from ringtune.commands.simulate import figure
+
+    out = tmp_path / "r.json"
+    code = main(["simulate", "--cluster", str(CLUSTERS / "goyal-bigbasin-32.yaml"), "-b", "64K",
+                 "-e", "16M", "-f", "4", "--workload", RESNET, "--json", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    fig = figure(result)
+    try:
+        panels = [{ln.get_label(): ln for ln in ax.get_lines()} for ax in fig.axes]
+    finally:
+        plt.close(fig)
+    assert len(panels) == 2 and set(panels[0]) == set(panels[1]) == {
+        "native", "multiring", "rhd", "hierarchical"}
+
+    def style(ln: Any) -> tuple[Any, ...]:
+        return (ln.get_color(), ln.get_marker(), ln.get_linestyle())
+
+    for name in panels[0]:
+        assert style(panels[0][name]) == style(panels[1][name]), name
+    # Distinct colours, markers and line styles: a series drawn over an identical one (rhd
+    # over native) still shows, and the larger one underneath stays visible around it.
+    for attr in (lambda ln: ln.get_color(), lambda ln: ln.get_marker(),
+                 lambda ln: ln.get_linestyle()):
+        assert len({attr(ln) for ln in panels[0].values()}) == 4
+    lines = panels[0]
+    under, over = sorted((lines["native"], lines["rhd"]), key=lambda ln: ln.get_zorder())
+    assert under.get_markersize() > over.get_markersize()
+    assert under.get_linewidth() > over.get_linewidth()
