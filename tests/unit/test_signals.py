@@ -35,7 +35,7 @@ OLD_PROFILE = ROOT / "profiles" / "examples" / "cpu-2core-vm-2ranks.yaml"
 TUNE_ARGS = ["-np", "2", "--buckets", "1K,4K,16K", "--algorithms", "native,sleep",
              "--sampler", "grid", "--no-progress", "--trial-timeout", "0"]
 #: Grid size: 3 buckets x (native + one sleep configuration per value below).
-SLEEPS = "0.3,0.4,0.5,0.6"
+SLEEPS = "0.2,0.3,0.4"
 CONFIGS = 3 * (1 + len(SLEEPS.split(",")))
 
 
@@ -155,7 +155,7 @@ def _temporaries(folder: Path) -> list[str]:
 
 
 #: How each run of the chain is stopped, after how many measured trials (cumulative).
-KILLS = [("SIGTERM", 2), ("SIGINT", 4), ("SIGKILL", 6), ("rank 1 SIGKILL", 8)]
+KILLS = [("SIGTERM", 2), ("SIGINT", 3), ("SIGKILL", 4), ("rank 1 SIGKILL", 5)]
 
 
 def test_tune_killed_every_way_then_resumed(tmp_path: Path) -> None:
