@@ -58,6 +58,10 @@ def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[Buck
     cands: list[tuple[str, dict[str, Any]]] = []
     keys = {space.config_key(*native)}
     own = [(a, p) for a, p, _ in s.top[:2]]
+    if "native" in s.best_by_algorithm:
+        # The best of the library's own algorithms is re-measured too: it is what
+        # `ringtune export` writes for the bucket when the winner has no native equivalent.
+        own.append(("native", dict(s.best_by_algorithm["native"][0])))
     borrowed = [(a, p) for j in (i - 1, i + 1) if 0 <= j < len(summaries)
                 for a, p, _ in summaries[j].top[:1]]
     for a, p in own + borrowed:
@@ -126,17 +130,21 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
         if gpu and transport is None:
             # A configuration without one (a world of one rank) ran with the best transport.
             transport = (opts.transports or ["staged"])[0]
+        native = best_native(c)
         if (rules and rules[-1]["algorithm"] == c.algorithm and rules[-1]["params"] == params
                 and rules[-1].get("transport") == transport):
             # Same choice as the previous bucket: one rule; keep the larger size's figures.
             rules[-1]["max_bytes"] = hi
             rules[-1]["measured"] = measured
+            rules[-1].setdefault("native", []).extend(native)
             continue
         rule: dict[str, Any] = {"min_bytes": lo, "max_bytes": hi, "algorithm": c.algorithm,
                                 "params": params}
         if gpu:
             rule["transport"] = transport
         rule["measured"] = measured
+        if native:
+            rule["native"] = native
         rules.append(rule)
     default_transport = "mpi"
     if gpu:
@@ -146,11 +154,15 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
             if r["transport"] == default_transport:
                 del r["transport"]  # the profile's own transport applies
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    from collectives.mpit import library
+
+    lib_name, lib_version = library()
     return {
         "format": FORMAT,
         "version": VERSION,
         "created": now.isoformat().replace("+00:00", "Z"),
         "tool": {"name": "ringtune", "version": __version__},
+        "library": {"name": lib_name, "version": lib_version},
         "topology": dict(identity),
         "backend": "cupy" if gpu else "numpy",
         "transport": default_transport,
@@ -173,6 +185,19 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
             **({"transports": list(opts.transports or [])} if gpu else {}),
         },
     }
+
+
+def best_native(c: Choice) -> list[dict[str, Any]]:
+    """The fastest ``native`` configuration of the bucket's A/B (the library's default or
+    one of its own algorithms), as the one-entry list a rule's ``native`` key holds."""
+    natives = [(p, t) for a, p, t in c.candidates if a == "native" and t > 0]
+    if not natives:
+        return []
+    params, t = min(natives, key=lambda pt: pt[1])
+    n = c.native_busbw_gbps * c.native_time_us  # busbw · time is constant for a size
+    return [{"bytes": c.nbytes, "impl": str(space.split_transport(params)[0].get("impl",
+                                                                                "auto")),
+             "busbw_gbps": round(n / t, 4) if n else 0.0, "time_us": round(t, 2)}]
 
 
 def _most_common(names: Sequence[str], preference: Sequence[str]) -> str:

@@ -34,16 +34,22 @@ PROFILE_OPS = ("sum", "prod", "min", "max", "avg")
 #: Top-level keys: required ones, then optional ones. Anything else is an error (new keys
 #: need a version bump, or go under ``extra``).
 REQUIRED_KEYS = ("format", "version", "topology", "backend", "transport", "rules")
-OPTIONAL_KEYS = ("created", "tool", "dtype", "op", "tuning", "extra")
+OPTIONAL_KEYS = ("created", "tool", "dtype", "op", "tuning", "extra", "library")
 TOPOLOGY_KEYS = ("fingerprint", "world_size", "hosts", "ranks_per_host", "summary")
 RULE_REQUIRED_KEYS = ("min_bytes", "max_bytes", "algorithm")
-RULE_OPTIONAL_KEYS = ("params", "transport", "measured")
+RULE_OPTIONAL_KEYS = ("params", "transport", "measured", "native")
+#: Keys of one entry of a rule's ``native`` list: the best of the library's own algorithms
+#: measured in one bucket of the rule (what ``ringtune export`` writes for the rule).
+NATIVE_KEYS = ("bytes", "impl", "busbw_gbps", "time_us")
+#: ``library``: the communication library the profile was tuned with.
+LIBRARY_KEYS = ("name", "version")
 MEASURED_KEYS = ("bytes", "busbw_gbps", "time_us", "native_busbw_gbps", "native_time_us",
                  "algbw_gbps", "speedup")
 FINGERPRINT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 #: Key order of written files (people read them).
-_KEY_ORDER = ("format", "version", "created", "tool", "topology", "backend", "transport",
+_KEY_ORDER = ("format", "version", "created", "tool", "library", "topology", "backend",
+              "transport",
               "dtype", "op", "rules", "tuning", "extra")
 
 
@@ -228,6 +234,8 @@ def profile_from_dict(data: Any, name: str = "<profile>",
     dtype = v.choice(data.get("dtype", "float32"), "dtype", PROFILE_DTYPES)
     op = v.choice(data.get("op", "sum"), "op", PROFILE_OPS)
     rules = _rules(v, data["rules"], ws)
+    if "library" in data:
+        _library(v, data["library"])
     if "tuning" in data:
         v.mapping(data["tuning"], "tuning")
     if "extra" in data and data["extra"] is not None:
@@ -302,6 +310,8 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
                         val, (int, float)) or not math.isfinite(val) or val < 0):
                     v.fail(f"{where}.measured.{key}", f"expected a number ≥ 0, got {val!r}")
             measured = dict(m)
+        if rule.get("native") is not None:
+            _native_entries(v, rule["native"], f"{where}.native")
         # Keep the params as written (defaults are filled at plan time), but validated.
         del checked
         out.append(Rule(lo, hi, algo, params, rtrans, measured))
@@ -309,6 +319,30 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
         v.fail(f"rules[{len(value) - 1}].max_bytes", f"the last rule must have max_bytes: "
                f"null (no upper end), got {prev_max}: larger messages would have no rule")
     return tuple(out)
+
+
+def _library(v: _Validator, value: Any) -> None:
+    lib = v.mapping(value, "library")
+    v.keys(lib, "library", LIBRARY_KEYS, ())
+    v.string(lib["name"], "library.name")
+    v.string(lib["version"], "library.version")
+
+
+def _native_entries(v: _Validator, value: Any, where: str) -> None:
+    if not isinstance(value, list):
+        v.fail(where, f"expected a list of measured native algorithms, got {_show(value)}")
+    for j, item in enumerate(value):
+        key = f"{where}[{j}]"
+        entry = v.mapping(item, key)
+        v.keys(entry, key, NATIVE_KEYS, ())
+        v.integer(entry["bytes"], f"{key}.bytes", 0, None)
+        if not isinstance(entry["impl"], str) or not entry["impl"]:
+            v.fail(f"{key}.impl", f"expected an algorithm name, got {_show(entry['impl'])}")
+        for num in ("busbw_gbps", "time_us"):
+            val = entry[num]
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(
+                    val) or val < 0:
+                v.fail(f"{key}.{num}", f"expected a number ≥ 0, got {val!r}")
 
 
 class _Validator:
