@@ -69,9 +69,8 @@ def plan(profile: Profile) -> list[Segment]:
         for k, e in enumerate(entries):
             if k + 1 < len(entries):
                 # Split at the geometric midpoint of two measured buckets (as rules are).
-                hi: int | None = max(lo, int(math.sqrt(e["bytes"] * entries[k + 1]["bytes"])) - 1)
-                if rule.max_bytes is not None:
-                    hi = min(hi, rule.max_bytes)
+                cut = max(lo, int(math.sqrt(e["bytes"] * entries[k + 1]["bytes"])) - 1)
+                hi: int | None = cut if rule.max_bytes is None else min(cut, rule.max_bytes)
             else:
                 hi = rule.max_bytes
             what = ("the library's own selection" if e["impl"] == DEFAULT
