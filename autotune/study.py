@@ -42,8 +42,10 @@ from .watchdog import Watchdog
 __all__ = ["TuneError", "TuneOptions", "TuneResult", "tune", "world_identity"]
 
 
-def tune(comm: Any, opts: TuneOptions, out: TextIO = sys.stdout) -> TuneResult:
-    """The whole tuning run (collective over ``comm``, an mpi4py communicator)."""
+def tune(comm: Any, opts: TuneOptions, out: TextIO = sys.stdout,
+         write: bool = True) -> TuneResult:
+    """The whole tuning run (collective over ``comm``, an mpi4py communicator).
+    ``write=False``: build the profile but leave writing it to the caller (``--shapes``)."""
     t_start = time.monotonic()
     rank, n = comm.Get_rank(), comm.Get_size()
     if opts.sampler not in SAMPLERS:
@@ -98,10 +100,10 @@ def tune(comm: Any, opts: TuneOptions, out: TextIO = sys.stdout) -> TuneResult:
     profile = build_profile(identity, opts, summaries, choices, time.monotonic() - t_start,
                             algorithms)
 
-    def write() -> str:
+    def write_out() -> str:
         return write_profile(profile, opts.out)
 
-    path = on_root(comm, write)
+    path = on_root(comm, write_out) if write else opts.out
     runtime.close()
     return TuneResult(profile, summaries, choices, time.monotonic() - t_start, path)
 

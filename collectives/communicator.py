@@ -80,6 +80,10 @@ class Communicator:
         self._contexts: dict[tuple[str, str], Context] = {}
         self._transports: list[Transport] = []
         self.profile = self._resolve_profile(profile)
+        if isinstance(self.profile, Profile) and "library" in self.profile.raw:
+            from .mpit import warn_other_library
+
+            warn_other_library(self.profile)
         self.hosts = self._agree_at_construction()
         if self.topology is None:
             self.topology = self._detect_topology()
@@ -195,6 +199,8 @@ class Communicator:
         assert isinstance(prof, Profile)
         src = ("built-in defaults (no profile: pass profile= or set RINGTUNE_PROFILE)"
                if prof.builtin else f"profile {prof.path}")
+        if getattr(prof, "section", ""):
+            src += f", {prof.section}"
         text = (f"{nbytes} B -> {p.algorithm}{params} over {p.transport}: rule {p.rule} "
                 f"[{p.min_bytes}..{hi}] of {src}")
         m = p.measured

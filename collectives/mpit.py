@@ -287,3 +287,26 @@ def write_int_cvar(name: str, value: int) -> int:
 def loaded() -> bool:
     """Whether this module has bound MPI_T yet (tests check the laziness)."""
     return _mpit.cache_info().currsize > 0 and "mpi4py.MPI" in sys.modules
+
+
+_warned_library: set[str] = set()
+
+
+def warn_other_library(profile: Any) -> str:
+    """Warn once per profile when it was tuned with another MPI library or version than
+    this job's (peers' tuning goes stale across releases); returns the message or ""."""
+    import warnings
+
+    lib = profile.raw.get("library") if profile.raw else None
+    if not isinstance(lib, dict):
+        return ""
+    name, version = library()
+    if (lib.get("name"), lib.get("version")) == (name, version):
+        return ""
+    msg = (f"{profile.path}: tuned with {lib.get('name')} {lib.get('version')}, this job "
+           f"runs {name} {version}; its choices may be stale: re-tune with "
+           "`ringtune tune` on this library")
+    if profile.path not in _warned_library:
+        _warned_library.add(str(profile.path))
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    return msg

@@ -34,7 +34,7 @@ PROFILE_OPS = ("sum", "prod", "min", "max", "avg")
 #: Top-level keys: required ones, then optional ones. Anything else is an error (new keys
 #: need a version bump, or go under ``extra``).
 REQUIRED_KEYS = ("format", "version", "topology", "backend", "transport", "rules")
-OPTIONAL_KEYS = ("created", "tool", "dtype", "op", "tuning", "extra", "library")
+OPTIONAL_KEYS = ("created", "tool", "dtype", "op", "tuning", "extra", "library", "shapes")
 TOPOLOGY_KEYS = ("fingerprint", "world_size", "hosts", "ranks_per_host", "summary")
 RULE_REQUIRED_KEYS = ("min_bytes", "max_bytes", "algorithm")
 RULE_OPTIONAL_KEYS = ("params", "transport", "measured", "native")
@@ -92,6 +92,8 @@ class Profile:
     path: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict)
     builtin: bool = False
+    #: Which section of a several-shape profile this is (``collectives.shapes``), or "".
+    section: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_starts", [r.min_bytes for r in self.rules])
@@ -187,6 +189,9 @@ def profile_from_dict(data: Any, name: str = "<profile>",
 
     Errors read ``NAME: KEY.PATH: what is wrong, got VALUE``.
     """
+    from .shapes import pick
+
+    data, section = pick(data, world_size, name)
     v = _Validator(name)
     if data is None:
         v.fail("", "the file is empty; expected a ringtune profile (format: ringtune-profile)")
@@ -225,6 +230,10 @@ def profile_from_dict(data: Any, name: str = "<profile>",
             v.integer(topo[key], f"topology.{key}", 1, None)
     if "summary" in topo:
         v.string(topo["summary"], "topology.summary")
+    if world_size is None and "shapes" in data:
+        from .shapes import check
+
+        check(data, name)
     if world_size is not None and ws != world_size:
         v.fail("topology.world_size",
                f"profile was tuned for {ws} ranks, this world has {world_size}; tune this "
@@ -242,7 +251,7 @@ def profile_from_dict(data: Any, name: str = "<profile>",
         v.mapping(data["extra"], "extra")
     return Profile(rules=rules, backend=backend, transport=transport, dtype=dtype, op=op,
                    fingerprint=fingerprint, world_size=ws, path=name,
-                   raw=_plain(dict(data)), builtin=False)
+                   raw=_plain(dict(data)), builtin=False, section=section)
 
 
 def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:

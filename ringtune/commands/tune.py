@@ -71,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fresh", action="store_true",
                    help="delete this run's studies from the storage and start over")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
+    p.add_argument("--shapes", default=None, metavar="LIST",
+                   help="also tune these job shapes (rank counts, e.g. 1,2,4: the first N "
+                        "ranks of the allocation) into sections of the one profile")
     p.add_argument("-np", dest="np", type=int, default=None, metavar="N",
                    help="ranks to launch when started without mpiexec")
 
@@ -155,7 +158,12 @@ def run(args: argparse.Namespace) -> int:
               f"each, budget {opts.budget_s:g} s, sampler {opts.sampler}",
               flush=True)
     try:
-        result = tune(comm, opts)
+        if getattr(args, "shapes", None):
+            from autotune.shapes import parse_shapes, tune_shapes
+
+            result = tune_shapes(comm, opts, parse_shapes(args.shapes, comm.Get_size()))
+        else:
+            result = tune(comm, opts)
     except TuneError as exc:
         if exc.usage:
             raise UsageError(str(exc)) from None
