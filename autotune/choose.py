@@ -154,15 +154,19 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
             if r["transport"] == default_transport:
                 del r["transport"]  # the profile's own transport applies
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
-    from collectives.mpit import library
+    from collectives.mpit import library, nccl_version
 
     lib_name, lib_version = library()
+    lib: dict[str, str] = {"name": lib_name, "version": lib_version}
+    nccl = nccl_version() if gpu else None
+    if nccl:
+        lib["nccl"] = nccl
     return {
         "format": FORMAT,
         "version": VERSION,
         "created": now.isoformat().replace("+00:00", "Z"),
         "tool": {"name": "ringtune", "version": __version__},
-        "library": {"name": lib_name, "version": lib_version},
+        "library": lib,
         "topology": dict(identity),
         "backend": "cupy" if gpu else "numpy",
         "transport": default_transport,

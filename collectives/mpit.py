@@ -301,12 +301,29 @@ def warn_other_library(profile: Any) -> str:
     if not isinstance(lib, dict):
         return ""
     name, version = library()
-    if (lib.get("name"), lib.get("version")) == (name, version):
+    nccl = nccl_version() if lib.get("nccl") and "cupy" in sys.modules else None
+    if (lib.get("name"), lib.get("version")) == (name, version) and (
+            nccl is None or nccl == lib.get("nccl")):
         return ""
-    msg = (f"{profile.path}: tuned with {lib.get('name')} {lib.get('version')}, this job "
-           f"runs {name} {version}; its choices may be stale: re-tune with "
-           "`ringtune tune` on this library")
+    tuned, here = f"{lib.get('name')} {lib.get('version')}", f"{name} {version}"
+    if nccl is not None:
+        tuned, here = f"{tuned}, NCCL {lib.get('nccl')}", f"{here}, NCCL {nccl}"
+    msg = (f"{profile.path}: tuned with {tuned}, this job runs {here}; its choices may be "
+           "stale: re-tune with `ringtune tune` on this library")
     if profile.path not in _warned_library:
         _warned_library.add(str(profile.path))
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
     return msg
+
+
+def nccl_version() -> str | None:
+    """NCCL's version as ``2.21.5`` where CuPy's NCCL binding loads, else None (GPU
+    profiles record it; imports CuPy, so call it only for GPU work)."""
+    try:
+        from cupy.cuda import nccl
+
+        v = int(nccl.get_version())
+    except Exception:  # noqa: BLE001 - no CuPy, no libnccl: nothing to record
+        return None
+    return f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v >= 10000 else (
+        f"{v // 1000}.{v % 1000 // 100}.{v % 100}")

@@ -41,8 +41,10 @@ RULE_OPTIONAL_KEYS = ("params", "transport", "measured", "native")
 #: Keys of one entry of a rule's ``native`` list: the best of the library's own algorithms
 #: measured in one bucket of the rule (what ``ringtune export`` writes for the rule).
 NATIVE_KEYS = ("bytes", "impl", "busbw_gbps", "time_us")
-#: ``library``: the communication library the profile was tuned with.
+#: ``library``: the communication library the profile was tuned with (and NCCL's version,
+#: for GPU profiles).
 LIBRARY_KEYS = ("name", "version")
+LIBRARY_OPTIONAL_KEYS = ("nccl",)
 MEASURED_KEYS = ("bytes", "busbw_gbps", "time_us", "native_busbw_gbps", "native_time_us",
                  "algbw_gbps", "speedup")
 FINGERPRINT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -332,9 +334,11 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
 
 def _library(v: _Validator, value: Any) -> None:
     lib = v.mapping(value, "library")
-    v.keys(lib, "library", LIBRARY_KEYS, ())
+    v.keys(lib, "library", LIBRARY_KEYS, LIBRARY_OPTIONAL_KEYS)
     v.string(lib["name"], "library.name")
     v.string(lib["version"], "library.version")
+    if "nccl" in lib:
+        v.string(lib["nccl"], "library.nccl")
 
 
 def _native_entries(v: _Validator, value: Any, where: str) -> None:

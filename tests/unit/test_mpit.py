@@ -47,3 +47,24 @@ def test_import_collectives_stays_light() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, env=_clean_env())
     assert out.stdout.strip() == "0", out.stderr
+
+
+def test_another_mpi_has_only_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from collectives.algorithms import get_algorithm
+    from collectives.algorithms import native as native_mod
+
+    mpit._mpit.cache_clear()
+    mpit._table.cache_clear()
+    monkeypatch.setattr(mpit, "library", lambda: ("Open MPI", "5.0.6"))
+    monkeypatch.setattr(native_mod, "_warned", set())
+    try:
+        assert mpit.native_algorithms() == []
+        assert "Open MPI 5.0.6 is not MPICH" in mpit.unavailable_reason()
+        cls = get_algorithm("native")
+        assert cls.search_space(None, 4, 1 << 20) == {}  # the trial is never asked
+        assert cls.check_params({"impl": "ring"}, 4) == {"impl": "ring"}
+        with pytest.warns(RuntimeWarning, match="running the library's default"):
+            assert native_mod._selector("ring", "mpi") is None
+    finally:
+        mpit._mpit.cache_clear()
+        mpit._table.cache_clear()
