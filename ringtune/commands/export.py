@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     from collectives.atomic import write_text_atomic
     from collectives.profile import check_writable, load_profile
+    from collectives.shapes import tuned_sizes
     from ringtune.errors import UsageError
     from ringtune.export import FORMATS, plan
 
@@ -42,9 +43,18 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         check_writable(args.out)
     prof = load_profile(args.profile)
-    segments = plan(prof)
+    shapes = [(prof, plan(prof))]  # the main shape must have something to export
+    for w in sorted(set(tuned_sizes(prof.raw)) - {prof.world_size}):
+        sec = load_profile(args.profile, world_size=w)
+        try:
+            shapes.append((sec, plan(sec)))
+        except ValueError:
+            print(f"ringtune export: the {w}-rank section has nothing native to export; "
+                  "that shape gets the file's largest-shape choices", file=sys.stderr)
+    # Smallest first: MPICH's branches are comm_size<=N in order, the largest takes the rest.
+    shapes.sort(key=lambda ps: ps[0].world_size or 0)
     mod = importlib.import_module(f"ringtune.export.{args.format}")
-    text, notes = mod.render(segments, prof)
+    text, notes = mod.render(shapes)
     if args.format == "mpich":
         mod.check_with_library(text)
     for note in notes:

@@ -118,8 +118,10 @@ def allreduce_branch(segments: Sequence[Segment], own: dict[str, Any]) -> dict[s
     return {"is_op_built_in=yes": chain, "is_op_built_in=no": copy.deepcopy(own)}
 
 
-def render(segments: Sequence[Segment], profile: Profile) -> tuple[str, list[str]]:
-    """The JSON text and the notes (for stderr: JSON has no comments)."""
+def render(shapes: Sequence[tuple[Profile, Sequence[Segment]]]) -> tuple[str, list[str]]:
+    """The JSON text and the notes (for stderr: JSON has no comments). Several job shapes:
+    one branch per shape under ``comm_size<=N`` (smallest first), the largest under
+    ``comm_size=any``."""
     from collectives import mpit
 
     why = mpit.unavailable_reason()
@@ -127,19 +129,32 @@ def render(segments: Sequence[Segment], profile: Profile) -> tuple[str, list[str
         raise ValueError(f"--format mpich needs the installed MPICH to read its algorithms "
                          f"and built-in selection: {why}")
     known = set(mpit.native_algorithms())
-    for s in segments:
-        if s.impl != DEFAULT and s.impl not in known:
-            raise ValueError(f"rules[{s.rule}]: MPICH algorithm {s.impl!r} is not in the "
-                             f"installed MPICH ({', '.join(sorted(known))}); re-tune with it")
+    for _, segments in shapes:
+        for s in segments:
+            if s.impl != DEFAULT and s.impl not in known:
+                raise ValueError(f"rules[{s.rule}]: MPICH algorithm {s.impl!r} is not in the "
+                                 f"installed MPICH ({', '.join(sorted(known))}); re-tune "
+                                 "with it")
     tree = builtin_tree()
     allreduce = tree.get("collective=allreduce")
     if not isinstance(allreduce, dict) or "comm_type=intra" not in allreduce:
         raise ValueError("the installed MPICH's built-in tree has no allreduce intra branch")
     own = allreduce["comm_type=intra"]
-    allreduce["comm_type=intra"] = allreduce_branch(segments, own)
-    notes = [f"rules[{s.rule}] {_range(s)}: {s.source} -> "
-             f"{'MPICH default' if s.impl == DEFAULT else s.impl}"
-             + ("" if s.note == "tuned" else f" ({s.note})") for s in segments]
+    if len(shapes) == 1:
+        allreduce["comm_type=intra"] = allreduce_branch(shapes[0][1], own)
+    else:
+        by_size: dict[str, Any] = {}
+        for k, (profile, segments) in enumerate(shapes):
+            key = ("comm_size=any" if k == len(shapes) - 1
+                   else f"comm_size<={profile.world_size}")
+            by_size[key] = allreduce_branch(segments, own)
+        allreduce["comm_type=intra"] = by_size
+    notes = []
+    for profile, segments in shapes:
+        prefix = f"{profile.world_size} ranks: " if len(shapes) > 1 else ""
+        notes += [f"{prefix}rules[{s.rule}] {_range(s)}: {s.source} -> "
+                  f"{'MPICH default' if s.impl == DEFAULT else s.impl}"
+                  + ("" if s.note == "tuned" else f" ({s.note})") for s in segments]
     return json.dumps(tree, indent=1) + "\n", notes
 
 
@@ -150,8 +165,25 @@ def _range(s: Segment) -> str:
 def parse(text: str) -> list[tuple[int | None, str]]:
     """Read an exported file back: the allreduce choices for built-in ops as (upper bound
     of avg_msg_size or None for any, algorithm leaf or ``"<library>"`` for a branch)."""
+    return parse_shapes(text).popitem()[1]
+
+
+def parse_shapes(text: str) -> dict[int | None, list[tuple[int | None, str]]]:
+    """Like ``parse``, per communicator-size branch ({N: …} for ``comm_size<=N``, None for
+    the last, ``comm_size=any``, or for a file of one shape)."""
     tree = json.loads(text)
-    branch = tree["collective=allreduce"]["comm_type=intra"]["is_op_built_in=yes"]
+    intra = tree["collective=allreduce"]["comm_type=intra"]
+    if "is_op_built_in=yes" in intra:
+        return {None: _parse_branch(intra)}
+    out: dict[int | None, list[tuple[int | None, str]]] = {}
+    for key, branch in intra.items():
+        size = None if key == "comm_size=any" else int(key.split("<=", 1)[1])
+        out[size] = _parse_branch(branch)
+    return out
+
+
+def _parse_branch(intra: dict[str, Any]) -> list[tuple[int | None, str]]:
+    branch = intra["is_op_built_in=yes"]
     out: list[tuple[int | None, str]] = []
     for key, body in branch.items():
         if key == "count<pow2":

@@ -26,31 +26,39 @@ MAX_LINE = 255
 _SIZE_MAX = 2**64 - 1
 
 
-def render(segments: Sequence[Segment], profile: Profile) -> tuple[str, list[str]]:
-    hosts, world = shape(profile)
-    nodes = hosts if hosts is not None else -1
+def render(shapes: Sequence[tuple[Profile, Sequence[Segment]]]) -> tuple[str, list[str]]:
+    """The CSV text and the per-rule notes; one block per job shape (its ``nNodes`` and
+    ``nRanks`` scope its lines to that shape)."""
+    main = shapes[-1][0]
     lines = ["# ringtune export for NCCL's example tuner plugin (NCCL_TUNER_CONFIG_FILE)",
-             f"# profile: {_short(profile.path or '-')} ({world} ranks, {nodes} nodes)",
+             f"# profile: {_short(main.path or '-')}",
              "# collective,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks"]
     notes: list[str] = []
-    seen: set[int] = set()
-    for s in segments:
-        if s.rule in seen:
-            continue
-        seen.add(s.rule)
-        rule = profile.rules[s.rule]
-        hi = _SIZE_MAX if rule.max_bytes is None else rule.max_bytes
-        if rule.algorithm == "multiring":
-            rings = int(rule.params.get("rings", 1))
-            lines.append(f"# rules[{s.rule}]: {s.source} -> NCCL ring, {rings} channel(s)")
-            lines.append(f"allreduce,{rule.min_bytes},{hi},ring,simple,{rings},{nodes},"
-                         f"{world}")
-            continue
-        why = ("NCCL's own choice (tuned)" if rule.algorithm == "native"
-               else "no NCCL equivalent: NCCL's own choice, the native candidate")
-        note = f"rules[{s.rule}] {rule.min_bytes}..{hi}: {s.source} -> no line, {why}"
-        lines.append("# " + note)
-        notes.append(note)
+    for profile, segments in shapes:
+        hosts, world = shape(profile)
+        nodes = hosts if hosts is not None else -1
+        if len(shapes) > 1:
+            label = profile.section or "main shape"
+            lines.append(f"# shape: {world} ranks, {nodes} nodes ({label})")
+        seen: set[int] = set()
+        for s in segments:
+            if s.rule in seen:
+                continue
+            seen.add(s.rule)
+            rule = profile.rules[s.rule]
+            hi = _SIZE_MAX if rule.max_bytes is None else rule.max_bytes
+            if rule.algorithm == "multiring":
+                rings = int(rule.params.get("rings", 1))
+                lines.append(f"# rules[{s.rule}]: {s.source} -> NCCL ring, {rings} "
+                             "channel(s)")
+                lines.append(f"allreduce,{rule.min_bytes},{hi},ring,simple,{rings},{nodes},"
+                             f"{world}")
+                continue
+            why = ("NCCL's own choice (tuned)" if rule.algorithm == "native"
+                   else "no NCCL equivalent: NCCL's own choice, the native candidate")
+            note = f"rules[{s.rule}] {rule.min_bytes}..{hi}: {s.source} -> no line, {why}"
+            lines.append("# " + note)
+            notes.append((f"{world} ranks: " if len(shapes) > 1 else "") + note)
     text = "\n".join(ln[:MAX_LINE] for ln in lines) + "\n"
     parse(text)
     return text, notes

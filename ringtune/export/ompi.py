@@ -55,24 +55,32 @@ def _choice(s: Segment) -> tuple[int, int, str]:
     return 0, 0, f"{s.source} -> {what}" + ("" if s.note == "tuned" else f" ({s.note})")
 
 
-def render(segments: Sequence[Segment], profile: Profile) -> tuple[str, list[str]]:
-    _, world = shape(profile)
-    rows: list[tuple[int, int, int, str, int]] = []
-    for s in segments:
-        alg, seg, note = _choice(s)
-        if rows and rows[-1][1:3] == (alg, seg) and rows[-1][4] == s.rule:
-            continue
-        rows.append((s.min_bytes, alg, seg, note, s.rule))
+def render(shapes: Sequence[tuple[Profile, Sequence[Segment]]]) -> tuple[str, list[str]]:
+    """The rules text (one communicator size per job shape) and the per-rule notes."""
+    main = shapes[-1][0]
     lines = ["# ringtune export: Open MPI coll/tuned dynamic rules",
-             f"# profile: {profile.path or '-'}",
+             f"# profile: {main.path or '-'}",
              "1  # collectives in this file", f"{ALLREDUCE}  # ALLREDUCE",
-             "1  # communicator sizes", f"{world}  # communicator size",
-             f"{len(rows)}  # message sizes: from_bytes algorithm fan_in_out segment_size"]
-    for lo, alg, seg, note, rule in rows:
-        lines.append(f"{lo} {alg} 0 {seg}  # rules[{rule}]: {note}")
+             f"{len(shapes)}  # communicator sizes"]
+    notes: list[str] = []
+    for profile, segments in shapes:
+        _, world = shape(profile)
+        rows: list[tuple[int, int, int, str, int]] = []
+        for s in segments:
+            alg, seg, note = _choice(s)
+            if rows and rows[-1][1:3] == (alg, seg) and rows[-1][4] == s.rule:
+                continue
+            rows.append((s.min_bytes, alg, seg, note, s.rule))
+        lines += [f"{world}  # communicator size",
+                  f"{len(rows)}  # message sizes: from_bytes algorithm fan_in_out "
+                  "segment_size"]
+        for lo, alg, seg, note, rule in rows:
+            lines.append(f"{lo} {alg} 0 {seg}  # rules[{rule}]: {note}")
+        prefix = f"{world} ranks: " if len(shapes) > 1 else ""
+        notes += [f"{prefix}rules[{r[4]}] from {r[0]} B: {r[3]}" for r in rows]
     text = "\n".join(lines) + "\n"
     parse(text)
-    return text, [f"rules[{r[4]}] from {r[0]} B: {r[3]}" for r in rows]
+    return text, notes
 
 
 _TOKEN = re.compile(r"#[^\n]*|[+-]?\d+|\S")

@@ -130,3 +130,26 @@ def test_library_check_rejects_what_mpich_rejects() -> None:
     with pytest.raises(ValueError, match="rejects"):
         mpich.check_with_library('{"collective=allreduce": {"comm_type=intra": '
                                  '{"algorithm=MPIR_Allreduce_intra_no_such": {}}}}')
+
+
+def test_several_shapes_export_one_branch_each(tmp_path: Path) -> None:
+    prof = GOLDEN / "shapes.yaml"
+    res = export(str(prof), "--format", "ompi")
+    assert res.returncode == 0, res.stderr
+    rules = ompi.parse(res.stdout)
+    assert sorted(rules[2]) == [2, 3]
+    assert rules[2][2] == [(0, 4, 0, 0), (1048576, 4, 0, 0)]
+    res = export(str(prof), "--format", "nccl")
+    assert res.returncode == 0, res.stderr
+    assert {r["nRanks"] for r in nccl.parse(res.stdout)} == {2, 3}
+    from collectives import mpit
+
+    if mpit.unavailable_reason():
+        return
+    out = tmp_path / "t.json"
+    res = export(str(prof), "--format", "mpich", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    branches = mpich.parse_shapes(out.read_text())
+    assert branches[2] == [(1048575, mpich.container("ring")),
+                           (None, mpich.container("recursive_doubling"))]
+    assert branches[None][0] == (16383, mpich.container("tree"))
