@@ -4,10 +4,11 @@ them as the sections of one profile (``collectives.shapes`` reads them back).
 Each listed size s tunes the sub-communicator of world ranks 0..s-1 (the first s ranks, as
 a data-parallel group or a smaller job on the same hosts would be), largest first, while
 the other ranks wait. The largest becomes the profile's top level; the others become
-``tuned`` sections. Every other world size up to the allocation gets a ``predicted``
-section: per bucket, the cost model ranks the nearest tuned shape's winner (where its
-parameters fit the new size), its own best guesses and ``native`` for the new size, and
-the fastest predicted wins; ``explain`` says the rules are predicted, not measured.
+``tuned`` sections. Every other world size up to the allocation (on large allocations:
+the likely ones, see ``predicted_sizes``) gets a ``predicted`` section: per bucket, the
+cost model ranks the nearest tuned shape's winner (where its parameters fit the new size),
+its own best guesses and ``native`` for the new size, and the fastest predicted wins;
+``explain`` says the rules are predicted, not measured.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def combine(profiles: Mapping[int, Mapping[str, Any]], world_size: int,
         if s != main:
             sections.append({"topology": dict(profiles[s]["topology"]),
                              "rules": list(profiles[s]["rules"]), "source": "tuned"})
-    for w in range(1, world_size + 1):
+    for w in predicted_sizes(world_size, hostnames):
         if w in profiles:
             continue
         nearest = min(profiles, key=lambda s: (abs(s - w), -s))
@@ -102,6 +103,30 @@ def combine(profiles: Mapping[int, Mapping[str, Any]], world_size: int,
     tuning["seconds"] = round(seconds, 1)
     out["tuning"] = tuning
     return out
+
+
+#: Up to this allocation size every world size gets a section; above it, only the sizes a
+#: job is likely to use (so that a 1024-rank allocation does not write 1024 sections).
+ALL_SIZES_UP_TO = 64
+MAX_PREDICTED = 48
+
+
+def predicted_sizes(world_size: int, hostnames: Sequence[str]) -> list[int]:
+    """World sizes that get a predicted section: all of them on small allocations; else
+    the divisors of the allocation and powers of two, then whole hosts (fewest first), at
+    most ``MAX_PREDICTED``."""
+    if world_size <= ALL_SIZES_UP_TO:
+        return list(range(1, world_size + 1))
+    per_host = max(1, max(hostnames.count(h) for h in set(hostnames)))
+    sizes = {d for d in range(1, world_size + 1) if world_size % d == 0}
+    sizes |= {1 << k for k in range(world_size.bit_length()) if 1 << k <= world_size}
+    ordered = sorted(sizes)[:MAX_PREDICTED]
+    for w in range(per_host, world_size + 1, per_host):  # then whole hosts, fewest first
+        if len(ordered) >= MAX_PREDICTED:
+            break
+        if w not in sizes:
+            ordered.append(w)
+    return sorted(ordered)
 
 
 def _topology(w: int, hostnames: Sequence[str]) -> dict[str, Any]:

@@ -50,3 +50,11 @@ def test_shape_larger_than_the_allocation(tmp_path: Path) -> None:
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "larger than this allocation (2 ranks)" in lines[0], res.stderr
     assert not out.exists()
+
+
+def test_predicted_sizes_stay_bounded() -> None:
+    from autotune.shapes import MAX_PREDICTED, predicted_sizes
+
+    assert predicted_sizes(4, ["a"] * 4) == [1, 2, 3, 4]
+    big = predicted_sizes(1024, [f"h{i // 8}" for i in range(1024)])
+    assert len(big) <= MAX_PREDICTED and {1, 2, 8, 16, 512} <= set(big)
