@@ -284,11 +284,6 @@ def write_int_cvar(name: str, value: int) -> int:
     return old
 
 
-def loaded() -> bool:
-    """Whether this module has bound MPI_T yet (tests check the laziness)."""
-    return _mpit.cache_info().currsize > 0 and "mpi4py.MPI" in sys.modules
-
-
 _warned_library: set[str] = set()
 
 
