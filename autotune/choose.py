@@ -93,7 +93,12 @@ def ab_candidates(opts: TuneOptions, summaries: Sequence[BucketSummary], i: int,
                                             list[tuple[str, dict[str, Any]]]]:
     """What bucket ``i``'s A/B compares: ``(native, its own two best, its neighbours'
     winners)``; with ``--margin`` all that its choice depends on besides the timings."""
-    own = [(a, p) for a, p, _ in summaries[i].top[:2]]
+    s = summaries[i]
+    own = [(a, p) for a, p, _ in s.top[:2]]
+    if "native" in s.best_by_algorithm:
+        # The best of the library's own algorithms is re-measured too: it is what
+        # `ringtune export` writes for the bucket when the winner has no native equivalent.
+        own.append(("native", dict(s.best_by_algorithm["native"][0])))
     borrowed = [(a, p) for j in (i - 1, i + 1) if 0 <= j < len(summaries)
                 for a, p, _ in summaries[j].top[:1]]
     return native_config(opts, world_size), own, borrowed
@@ -135,17 +140,21 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
         if gpu and transport is None:
             # A configuration without one (a world of one rank) ran with the best transport.
             transport = (opts.transports or ["staged"])[0]
+        native = best_native(c)
         if (rules and rules[-1]["algorithm"] == c.algorithm and rules[-1]["params"] == params
                 and rules[-1].get("transport") == transport):
             # Same choice as the previous bucket: one rule; keep the larger size's figures.
             rules[-1]["max_bytes"] = hi
             rules[-1]["measured"] = measured
+            rules[-1].setdefault("native", []).extend(native)
             continue
         rule: dict[str, Any] = {"min_bytes": lo, "max_bytes": hi, "algorithm": c.algorithm,
                                 "params": params}
         if gpu:
             rule["transport"] = transport
         rule["measured"] = measured
+        if native:
+            rule["native"] = native
         rules.append(rule)
     default_transport = "mpi"
     if gpu:
@@ -154,11 +163,19 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
         for r in rules:
             if r["transport"] == default_transport:
                 del r["transport"]  # the profile's own transport applies
+    from collectives.mpit import library, nccl_version
+
+    lib_name, lib_version = library()
+    lib: dict[str, str] = {"name": lib_name, "version": lib_version}
+    nccl = nccl_version() if gpu else None
+    if nccl:
+        lib["nccl"] = nccl
     return {
         "format": FORMAT,
         "version": VERSION,
         "created": _created(choices),
         "tool": {"name": "ringtune", "version": __version__},
+        "library": lib,
         "topology": dict(identity),
         "backend": "cupy" if gpu else "numpy",
         "transport": default_transport,
@@ -203,6 +220,19 @@ def _ran(summaries: Sequence[BucketSummary], choices: Sequence[Choice]) -> str |
     if not firsts or not lasts:
         return None
     return f"{min(firsts)}/{max(lasts)}"
+
+
+def best_native(c: Choice) -> list[dict[str, Any]]:
+    """The fastest ``native`` configuration of the bucket's A/B (the library's default or
+    one of its own algorithms), as the one-entry list a rule's ``native`` key holds."""
+    natives = [(p, t) for a, p, t in c.candidates if a == "native" and t > 0]
+    if not natives:
+        return []
+    params, t = min(natives, key=lambda pt: pt[1])
+    n = c.native_busbw_gbps * c.native_time_us  # busbw · time is constant for a size
+    return [{"bytes": c.nbytes, "impl": str(space.split_transport(params)[0].get("impl",
+                                                                                "auto")),
+             "busbw_gbps": round(n / t, 4) if n else 0.0, "time_us": round(t, 2)}]
 
 
 def _most_common(names: Sequence[str], preference: Sequence[str]) -> str:

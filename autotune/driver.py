@@ -222,7 +222,14 @@ class Driver:
             first: dict[str, Any] = {space.ALGORITHM_PARAM: "native"}
             if best_transport is not None and self.world_size > 1:
                 first[space.TRANSPORT_PARAM] = best_transport
-            out.append(first)
+            try:
+                # native's own parameters (MPICH's ``impl``) at the library's default.
+                exact = space.trial_params_for(
+                    ("native", {k: v for k, v in first.items() if k != space.ALGORITHM_PARAM}),
+                    self.space(), self.world_size)
+            except ValueError:
+                exact = None
+            out.append(exact or first)
         guesses: list[tuple[str, dict[str, Any]]] = []
         try:
             # The cost model is written separately; optional until it exists.

@@ -43,15 +43,17 @@ from .watchdog import Watchdog
 __all__ = ["TuneError", "TuneOptions", "TuneResult", "tune", "world_identity"]
 
 
-def tune(comm: Any, opts: TuneOptions, out: TextIO = sys.stdout) -> TuneResult:
+def tune(comm: Any, opts: TuneOptions, out: TextIO = sys.stdout,
+         write: bool = True) -> TuneResult:
     """The whole tuning run (collective over ``comm``, an mpi4py communicator), holding
     the storage's lock (``autotune.storelock``) from before it is opened until the profile
-    is written."""
+    is written. ``write=False``: build the profile but leave writing it to the caller
+    (``--shapes``)."""
     with storage_lock(comm, opts):
-        return _tune(comm, opts, out)
+        return _tune(comm, opts, out, write)
 
 
-def _tune(comm: Any, opts: TuneOptions, out: TextIO) -> TuneResult:
+def _tune(comm: Any, opts: TuneOptions, out: TextIO, write: bool) -> TuneResult:
     t_start = time.monotonic()
     rank, n = comm.Get_rank(), comm.Get_size()
     if opts.sampler not in SAMPLERS:
@@ -107,10 +109,10 @@ def _tune(comm: Any, opts: TuneOptions, out: TextIO) -> TuneResult:
     seconds = sum(s.trial_seconds for s in summaries) + sum(c.seconds for c in choices)
     profile = build_profile(identity, opts, summaries, choices, seconds, algorithms)
 
-    def write() -> tuple[str, bool]:
+    def write_out() -> tuple[str, bool]:
         return _write_if_changed(profile, opts.out)
 
-    path, rewritten = on_root(comm, write)
+    path, rewritten = on_root(comm, write_out) if write else (opts.out, False)
     runtime.close()
     return TuneResult(profile, summaries, choices, time.monotonic() - t_start, path,
                       rewritten)

@@ -87,6 +87,10 @@ class Communicator:
         #: ``None`` when it is in use or none was given. ``explain`` says it.
         self.set_aside: str | None = None
         self.profile = self._resolve_profile(profile)
+        if isinstance(self.profile, Profile) and "library" in self.profile.raw:
+            from .mpit import warn_other_library
+
+            warn_other_library(self.profile)
         self.hosts = self._agree_at_construction()
         if self.topology is None:
             self.topology = self._detect_topology()
@@ -239,6 +243,8 @@ class Communicator:
             src = f"built-in defaults ({self.set_aside})"
         else:
             src = "built-in defaults (no profile: pass profile= or set RINGTUNE_PROFILE)"
+        if getattr(prof, "section", ""):
+            src += f", {prof.section}"
         text = (f"{nbytes} B -> {p.algorithm}{params} over {p.transport}: rule {p.rule} "
                 f"[{p.min_bytes}..{hi}] of {src}")
         m = p.measured

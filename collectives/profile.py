@@ -34,16 +34,24 @@ PROFILE_OPS = ("sum", "prod", "min", "max", "avg")
 #: Top-level keys: required ones, then optional ones. Anything else is an error (new keys
 #: need a version bump, or go under ``extra``).
 REQUIRED_KEYS = ("format", "version", "topology", "backend", "transport", "rules")
-OPTIONAL_KEYS = ("created", "tool", "dtype", "op", "tuning", "extra")
+OPTIONAL_KEYS = ("created", "tool", "dtype", "op", "tuning", "extra", "library", "shapes")
 TOPOLOGY_KEYS = ("fingerprint", "world_size", "hosts", "ranks_per_host", "summary")
 RULE_REQUIRED_KEYS = ("min_bytes", "max_bytes", "algorithm")
-RULE_OPTIONAL_KEYS = ("params", "transport", "measured")
+RULE_OPTIONAL_KEYS = ("params", "transport", "measured", "native")
+#: Keys of one entry of a rule's ``native`` list: the best of the library's own algorithms
+#: measured in one bucket of the rule (what ``ringtune export`` writes for the rule).
+NATIVE_KEYS = ("bytes", "impl", "busbw_gbps", "time_us")
+#: ``library``: the communication library the profile was tuned with (and NCCL's version,
+#: for GPU profiles).
+LIBRARY_KEYS = ("name", "version")
+LIBRARY_OPTIONAL_KEYS = ("nccl",)
 MEASURED_KEYS = ("bytes", "busbw_gbps", "time_us", "native_busbw_gbps", "native_time_us",
                  "algbw_gbps", "speedup")
 FINGERPRINT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 #: Key order of written files (people read them).
-_KEY_ORDER = ("format", "version", "created", "tool", "topology", "backend", "transport",
+_KEY_ORDER = ("format", "version", "created", "tool", "library", "topology", "backend",
+              "transport",
               "dtype", "op", "rules", "tuning", "extra")
 
 
@@ -86,6 +94,8 @@ class Profile:
     path: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict)
     builtin: bool = False
+    #: Which section of a several-shape profile this is (``collectives.shapes``), or "".
+    section: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_starts", [r.min_bytes for r in self.rules])
@@ -181,6 +191,9 @@ def profile_from_dict(data: Any, name: str = "<profile>",
 
     Errors read ``NAME: KEY.PATH: what is wrong, got VALUE``.
     """
+    from .shapes import pick
+
+    data, section = pick(data, world_size, name)
     v = _Validator(name)
     if data is None:
         v.fail("", "the file is empty; expected a ringtune profile (format: ringtune-profile)")
@@ -219,6 +232,10 @@ def profile_from_dict(data: Any, name: str = "<profile>",
             v.integer(topo[key], f"topology.{key}", 1, None)
     if "summary" in topo:
         v.string(topo["summary"], "topology.summary")
+    if world_size is None and "shapes" in data:
+        from .shapes import check
+
+        check(data, name)
     if world_size is not None and ws != world_size:
         v.fail("topology.world_size",
                f"profile was tuned for {ws} ranks, this world has {world_size}; tune this "
@@ -228,13 +245,15 @@ def profile_from_dict(data: Any, name: str = "<profile>",
     dtype = v.choice(data.get("dtype", "float32"), "dtype", PROFILE_DTYPES)
     op = v.choice(data.get("op", "sum"), "op", PROFILE_OPS)
     rules = _rules(v, data["rules"], ws)
+    if "library" in data:
+        _library(v, data["library"])
     if "tuning" in data:
         v.mapping(data["tuning"], "tuning")
     if "extra" in data and data["extra"] is not None:
         v.mapping(data["extra"], "extra")
     return Profile(rules=rules, backend=backend, transport=transport, dtype=dtype, op=op,
                    fingerprint=fingerprint, world_size=ws, path=name,
-                   raw=_plain(dict(data)), builtin=False)
+                   raw=_plain(dict(data)), builtin=False, section=section)
 
 
 def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
@@ -302,6 +321,8 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
                         val, (int, float)) or not math.isfinite(val) or val < 0):
                     v.fail(f"{where}.measured.{key}", f"expected a number ≥ 0, got {val!r}")
             measured = dict(m)
+        if rule.get("native") is not None:
+            _native_entries(v, rule["native"], f"{where}.native")
         # Keep the params as written (defaults are filled at plan time), but validated.
         del checked
         out.append(Rule(lo, hi, algo, params, rtrans, measured))
@@ -309,6 +330,32 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
         v.fail(f"rules[{len(value) - 1}].max_bytes", f"the last rule must have max_bytes: "
                f"null (no upper end), got {prev_max}: larger messages would have no rule")
     return tuple(out)
+
+
+def _library(v: _Validator, value: Any) -> None:
+    lib = v.mapping(value, "library")
+    v.keys(lib, "library", LIBRARY_KEYS, LIBRARY_OPTIONAL_KEYS)
+    v.string(lib["name"], "library.name")
+    v.string(lib["version"], "library.version")
+    if "nccl" in lib:
+        v.string(lib["nccl"], "library.nccl")
+
+
+def _native_entries(v: _Validator, value: Any, where: str) -> None:
+    if not isinstance(value, list):
+        v.fail(where, f"expected a list of measured native algorithms, got {_show(value)}")
+    for j, item in enumerate(value):
+        key = f"{where}[{j}]"
+        entry = v.mapping(item, key)
+        v.keys(entry, key, NATIVE_KEYS, ())
+        v.integer(entry["bytes"], f"{key}.bytes", 0, None)
+        if not isinstance(entry["impl"], str) or not entry["impl"]:
+            v.fail(f"{key}.impl", f"expected an algorithm name, got {_show(entry['impl'])}")
+        for num in ("busbw_gbps", "time_us"):
+            val = entry[num]
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(
+                    val) or val < 0:
+                v.fail(f"{key}.{num}", f"expected a number ≥ 0, got {val!r}")
 
 
 class _Validator:

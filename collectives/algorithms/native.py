@@ -1,22 +1,93 @@
 """``native``: the communication library's own allreduce (MPI_Allreduce on host buffers,
 NCCL allReduce on GPU buffers). The baseline every tuned choice must beat, and often the
-best choice for small messages, where its latency-optimised algorithms win."""
+best choice for small messages, where its latency-optimised algorithms win.
+
+``impl`` picks one of the library's own algorithms for the call: on MPICH any choice of
+``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM`` the installed library lists (``ring``, ``tree``,
+``recursive_doubling``, …; ``collectives.mpit`` reads the list at run time and sets the
+variable around each call). ``auto`` (the default) is the library's own selection. Another
+MPI, or NCCL on GPU buffers, has only ``auto``: a profile naming an MPICH algorithm runs the
+library's default there, with a warning saying so.
+"""
 
 from __future__ import annotations
 
+import re
+import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from . import register
-from .base import Algorithm
+from .base import Algorithm, Context
+
+_IMPL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_warned: set[str] = set()
 
 
 @register
 class Native(Algorithm):
-    """Delegate to ``transport.native_allreduce``; no parameters."""
+    """Delegate to ``transport.native_allreduce``, optionally with MPICH algorithm ``impl``."""
 
     name = "native"
+    param_names = ("impl",)
+
+    def __init__(self, ctx: Context, count: int, dtype: str, op: str,
+                 params: Mapping[str, Any]) -> None:
+        super().__init__(ctx, count, dtype, op, params)
+        impl = str(self.params.get("impl", "auto"))
+        self._selector: Any = None
+        if impl != "auto" and ctx.size > 1:
+            self._selector = _selector(impl, getattr(ctx.transport, "name", ""))
+
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any], world_size: int) -> dict[str, Any]:
+        out = super().check_params(params, world_size)
+        impl = out.get("impl", "auto")
+        if not isinstance(impl, str) or not _IMPL_RE.match(impl):
+            raise ValueError(f"impl: expected the name of one of the library's allreduce "
+                             f"algorithms (or auto), got {impl!r}")
+        if impl != "auto":
+            from .. import mpit
+
+            if not mpit.unavailable_reason():
+                mpit.choice_value(impl)  # ValueError naming the installed algorithms
+        return out
+
+    @classmethod
+    def search_space(cls, trial: Any, world_size: int, nbytes: int) -> dict[str, Any]:
+        from .. import mpit
+
+        impls = ["auto", *mpit.native_algorithms()]
+        if len(impls) == 1:
+            return {}
+        impl = trial.suggest_categorical("native.impl", impls)
+        return {} if impl == "auto" else {"impl": impl}
 
     def run(self, buf: Any) -> None:
         if self.count == 0 or self.ctx.size == 1:
             return
-        self.ctx.transport.native_allreduce(buf, self.op)
+        sel = self._selector
+        if sel is None:
+            self.ctx.transport.native_allreduce(buf, self.op)
+            return
+        sel.enter()
+        try:
+            self.ctx.transport.native_allreduce(buf, self.op)
+        finally:
+            sel.exit()
+
+
+def _selector(impl: str, transport: str) -> Any:
+    """The ``mpit.Selector`` for ``impl``, or None (with one warning) where the library's
+    algorithms cannot be chosen: NCCL on GPU buffers, or an MPI other than MPICH."""
+    from .. import mpit
+
+    why = ("NCCL chooses its own algorithm" if transport == "nccl"
+           else mpit.unavailable_reason())
+    if not why:
+        return mpit.Selector(impl)
+    if impl not in _warned:
+        _warned.add(impl)
+        warnings.warn(f"native impl={impl}: {why}; running the library's default allreduce "
+                      "instead", RuntimeWarning, stacklevel=4)
+    return None

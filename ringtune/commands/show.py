@@ -28,4 +28,12 @@ def run(args: argparse.Namespace) -> int:
     if fp:
         print(f"topology fingerprint {fp}")
     print(rule_table(data))
+    for sec in data.get("shapes") or []:
+        # Sections for other job shapes (ringtune tune --shapes): one table each.
+        topo = sec.get("topology") or {}
+        how = ("predicted by the cost model from the tuned "
+               f"{sec.get('from_world_size')}-rank shape" if sec.get("source") == "predicted"
+               else "tuned")
+        print(f"\nsection: {topo.get('world_size')} ranks ({how})")
+        print(rule_table({**data, "topology": topo, "rules": sec.get("rules") or []}))
     return 0

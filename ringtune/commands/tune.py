@@ -74,6 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="when another run holds the storage, wait for it to end instead of "
                         "refusing")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
+    p.add_argument("--shapes", default=None, metavar="LIST",
+                   help="also tune these job shapes (rank counts, e.g. 1,2,4: the first N "
+                        "ranks of the allocation) into sections of the one profile")
     p.add_argument("-np", dest="np", type=int, default=None, metavar="N",
                    help="ranks to launch when started without mpiexec (at least 1; more "
                    "than 4 per CPU core needs --oversubscribe)")
@@ -165,7 +168,12 @@ def run(args: argparse.Namespace) -> int:
               f"each, budget {opts.budget_s:g} s, sampler {opts.sampler}",
               flush=True)
     try:
-        result = tune(comm, opts)
+        if getattr(args, "shapes", None):
+            from autotune.shapes import parse_shapes, tune_shapes
+
+            result = tune_shapes(comm, opts, parse_shapes(args.shapes, comm.Get_size()))
+        else:
+            result = tune(comm, opts)
     except TuneError as exc:
         if exc.usage:
             raise UsageError(str(exc)) from None

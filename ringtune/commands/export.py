@@ -1,0 +1,67 @@
+"""Write a profile's tuned choice as the native library's own tuning file, for jobs that
+never import ringtune:
+
+  mpich  MPICH collective-selection JSON: MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE=FILE
+  nccl   NCCL example tuner-plugin CSV:   NCCL_TUNER_PLUGIN=... NCCL_TUNER_CONFIG_FILE=FILE
+  ompi   Open MPI coll/tuned rules:       --mca coll_tuned_use_dynamic_rules 1
+                                          --mca coll_tuned_dynamic_rules_filename FILE
+
+Rules of ringtune's own algorithms are exported as the best native candidate measured for
+each bucket; every substitution is said per rule (comments, or stderr for JSON). The MPICH
+file is checked by starting the installed MPICH with it before it is written.
+
+example:
+  ringtune export profiles/local.yaml --format mpich --out tuning.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "write a profile as MPICH / NCCL / Open MPI's own tuning file"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("profile", metavar="PROFILE", help="profile file (YAML)")
+    p.add_argument("--format", required=True, metavar="mpich|nccl|ompi",
+                   help="the library whose file to write")
+    p.add_argument("--out", metavar="FILE", help="file to write (default: stdout)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import importlib
+
+    from collectives.atomic import write_text_atomic
+    from collectives.profile import check_writable, load_profile
+    from collectives.shapes import tuned_sizes
+    from ringtune.errors import UsageError
+    from ringtune.export import FORMATS, plan
+
+    if args.format not in FORMATS:
+        raise UsageError(f"--format {args.format!r}: unknown; use one of {', '.join(FORMATS)}")
+    if args.out:
+        check_writable(args.out)
+    prof = load_profile(args.profile)
+    shapes = [(prof, plan(prof))]  # the main shape must have something to export
+    for w in sorted(set(tuned_sizes(prof.raw)) - {prof.world_size}):
+        sec = load_profile(args.profile, world_size=w)
+        try:
+            shapes.append((sec, plan(sec)))
+        except ValueError:
+            print(f"ringtune export: the {w}-rank section has nothing native to export; "
+                  "that shape gets the file's largest-shape choices", file=sys.stderr)
+    # Smallest first: MPICH's branches are comm_size<=N in order, the largest takes the rest.
+    shapes.sort(key=lambda ps: ps[0].world_size or 0)
+    mod = importlib.import_module(f"ringtune.export.{args.format}")
+    text, notes = mod.render(shapes)
+    if args.format == "mpich":
+        mod.check_with_library(text)
+    for note in notes:
+        print(f"ringtune export: {note}", file=sys.stderr)
+    if args.out:
+        write_text_atomic(args.out, text)
+        print(f"wrote {args.out} ({args.format})", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,89 @@
+"""``native`` with ``impl``: MPICH's own allreduce algorithms chosen per call.
+
+These tests fail if the control-variable write were ignored: at 3+ ranks MPICH's ring and
+tree add float32 values in other orders than its default, so their
+results differ bitwise from ``auto``'s on inputs with a wide spread of exponents; at 2 ranks
+(where a+b = b+a exactly), reduce_scatter_allgather refuses a count below the power of two
+under ``MPIR_CVAR_COLLECTIVE_FALLBACK=error``, which only a call that really ran it can see.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from collectives import mpit
+
+from .conftest import WORLD, agree
+
+N = WORLD.Get_size()
+RANK = WORLD.Get_rank()
+
+pytestmark = pytest.mark.skipif(bool(mpit.unavailable_reason()),
+                                reason=mpit.unavailable_reason() or "MPICH")
+
+#: Algorithms whose float32 summation order differs from MPICH's default at 3 and 4 ranks.
+ORDER_REVEALING = ("ring", "tree")
+
+
+def spread_input(rank: int, count: int) -> np.ndarray:
+    rng = np.random.default_rng(rank + 1)
+    return (rng.standard_normal(count) * 10.0 ** rng.integers(-4, 4, count)).astype(np.float32)
+
+
+def test_every_listed_algorithm_sums_correctly(comm) -> None:
+    count = 3 * 1024 + 7
+    want = sum(spread_input(r, count).astype(np.float64) for r in range(N))
+    bad = []
+    for impl in ["auto", *mpit.native_algorithms()]:
+        buf = spread_input(RANK, count)
+        comm.allreduce(buf, algorithm="native", impl=impl)
+        if not np.allclose(buf, want, rtol=1e-4, atol=1e-3):
+            bad.append(f"impl={impl}: wrong sum")
+        digests = WORLD.allgather(hashlib.sha256(buf.tobytes()).hexdigest())
+        if len(set(digests)) != 1:
+            bad.append(f"impl={impl}: ranks disagree bitwise")
+        if mpit.current() != "auto":
+            bad.append(f"impl={impl}: left the library on {mpit.current()}")
+    agree(bad)
+
+
+@pytest.mark.skipif(N < 3, reason="summation order is observable from 3 ranks")
+def test_selected_algorithm_really_runs(comm) -> None:
+    count = 1 << 16
+    digests = {}
+    for impl in ("auto", *ORDER_REVEALING):
+        buf = spread_input(RANK, count)
+        comm.allreduce(buf, algorithm="native", impl=impl)
+        digests[impl] = hashlib.sha256(buf.tobytes()).hexdigest()
+    bad = [f"impl={impl} gave auto's exact result: the selection did not reach MPICH"
+           for impl in ORDER_REVEALING if digests[impl] == digests["auto"]]
+    agree(bad)
+
+
+@pytest.mark.skipif(N < 2, reason="MPICH runs no algorithm on one rank")
+def test_restriction_error_proves_the_choice(comm) -> None:
+    from mpi4py import MPI
+
+    old = mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", 0)  # 0 = error
+    bad = []
+    try:
+        buf = np.ones(1, np.float32)
+        comm.allreduce(buf, algorithm="native")  # auto copes with any count
+        try:
+            comm.allreduce(buf, algorithm="native", impl="reduce_scatter_allgather")
+            bad.append("reduce_scatter_allgather accepted count 1 < pof2: not selected")
+        except MPI.Exception:
+            pass
+    finally:
+        mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", old)
+    agree(bad)
+
+
+def test_unknown_impl_names_the_installed_ones() -> None:
+    from collectives.algorithms import get_algorithm
+
+    with pytest.raises(ValueError, match="ring"):
+        get_algorithm("native").check_params({"impl": "no_such_algorithm"}, N)
