@@ -150,7 +150,7 @@ def test_a_retry_that_passes_is_measured_normally(tmp_path: Any) -> None:
     again = _driver(tmp_path, storage)
     waiting = optuna.load_study(study_name="study-4096B", storage=storage).get_trials(
         states=(optuna.trial.TrialState.WAITING,))
-    assert {"algorithm": "native"} not in [t.system_attrs["fixed_params"] for t in waiting]
+    assert "native" not in [t.system_attrs["fixed_params"]["algorithm"] for t in waiting]
     assert hung in again.done and not again.ruled_out
 
 
@@ -165,7 +165,9 @@ def test_a_waiting_retry_is_not_queued_twice(tmp_path: Any) -> None:
         states=(optuna.trial.TrialState.WAITING,))
     queued = [t.system_attrs["fixed_params"] for t in waiting]
     # The retry is first, once; the warm start the first run left queued follows, once each.
-    assert queued[0] == {"algorithm": "native"}
+    # (native's warm start carries its own parameters at the library default: MPICH's impl)
+    assert queued[0]["algorithm"] == "native"
+    assert all(v == "auto" for k, v in queued[0].items() if k != "algorithm")
     assert len(queued) == len({str(q) for q in queued}) == 4
 
 
