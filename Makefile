@@ -16,6 +16,8 @@ MPI_TEST_TIMEOUT ?= 900
 PYTEST_MPI := $(PY) -m mpi4py -m pytest -q -p no:cacheprovider
 CUDA_VENV ?= .venv-cuda
 CUDA_PY := $(CUDA_VENV)/bin/python
+TORCH_VENV ?= .venv-torch
+TORCH_PY := $(TORCH_VENV)/bin/python
 
 .PHONY: all install test lint unit mpi gpu cuda-static gpu-sim tune bench clean
 
@@ -35,6 +37,13 @@ $(CUDA_VENV)/.installed: pyproject.toml
 	test -x $(CUDA_PY) || $(PYTHON) -m venv $(CUDA_VENV)
 	$(CUDA_PY) -m pip install -q --upgrade pip
 	$(CUDA_PY) -m pip install -q -e '.[test,cuda]'
+	touch $@
+
+# PyTorch (CPU and CUDA wheels, ~GBs) in its own environment, so `make tune` never needs it.
+$(TORCH_VENV)/.installed: pyproject.toml
+	test -x $(TORCH_PY) || $(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_PY) -m pip install -q --upgrade pip
+	$(TORCH_PY) -m pip install -q -e '.[test,torch]'
 	touch $@
 
 lint: install
