@@ -19,7 +19,7 @@ CUDA_PY := $(CUDA_VENV)/bin/python
 TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
-.PHONY: all install test lint unit mpi gpu cuda-static gpu-sim tune bench clean
+.PHONY: all install test lint unit mpi gpu cuda-static gpu-sim torch-test tune bench clean
 
 all: test
 
@@ -88,8 +88,16 @@ gpu-sim: $(CUDA_VENV)/.installed
 	RINGTUNE_FAKE_GPU=1 PYTHONPATH=$(CURDIR)/tests/fakegpu RINGTUNE_GPU_PYTHON=$(CURDIR)/$(CUDA_PY) \
 	  RINGTUNE_CHECK_KERNEL_MIB=4 bash tests/gpu/device_check.sh build/device-check-sim
 
+# PyTorch tensors, the DDP hook (gloo) and allreduce_many at 1..4 ranks, in .venv-torch.
+torch-test: $(TORCH_VENV)/.installed
+	@set -e; for n in $(NP_LIST); do \
+	  echo "== tests/torch under mpiexec -n $$n"; \
+	  timeout $(MPI_TEST_TIMEOUT) $(TORCH_VENV)/bin/mpiexec -n $$n \
+	    $(TORCH_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/torch; \
+	done
+
 # GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
-test: lint gpu unit cuda-static gpu-sim mpi
+test: lint gpu unit cuda-static gpu-sim torch-test mpi
 
 tune: install
 	$(VENV)/bin/ringtune tune --out profiles/local.yaml
@@ -98,4 +106,4 @@ bench: install
 	$(VENV)/bin/ringtune bench -b 4K -e 64M -f 4 -c 1
 
 clean:
-	rm -rf $(VENV) $(CUDA_VENV) build *.egg-info
+	rm -rf $(VENV) $(CUDA_VENV) $(TORCH_VENV) build *.egg-info

@@ -132,7 +132,7 @@ def allreduce_many(comm: Any, buffers: Sequence[Any], op: str = "sum",
         ex = None  # MPI below SERIALIZED: reduce on this thread, one bucket after another
     if ex is not None and threading.current_thread() is getattr(ex, "_thread", None):
         ex = None  # called from a job on the communication thread itself
-    for (bname, dtype), (backend, flats) in groups.items():
+    for (_, dtype), (backend, flats) in groups.items():
         nbytes = sum(int(f.size) for f in flats) * int(flats[0].dtype.itemsize)
         cap = min(cap_bytes, nbytes)
         if backend.on_gpu:

@@ -38,6 +38,7 @@ from .tensors import _rank, as_buffer
 
 try:
     import torch
+    import torch.distributed
 except ImportError as _exc:  # the torch API without torch: one line with the fix
     raise ImportError(f"rank {_rank()}: collectives.torch needs PyTorch ({_exc}); install it "
                       "with `pip install 'ringtune[torch]'` (or `make .venv-torch/.installed`)"
@@ -218,3 +219,9 @@ def ddp_hook(state: HookState, bucket: Any) -> Any:
     if last:
         state.step += 1
     return out
+
+
+# DDP checks the hook's annotations against the real classes (register_comm_hook), and
+# ``from __future__ import annotations`` leaves strings: give it the objects.
+ddp_hook.__annotations__ = {"state": HookState, "bucket": torch.distributed.GradBucket,
+                            "return": torch.futures.Future[torch.Tensor]}
