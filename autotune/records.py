@@ -46,6 +46,8 @@ class TuneOptions:
     #: GPU transports every rank can use, best first (``tune`` fills it in on ``cupy``; the
     #: search space's ``transport`` parameter). ``None`` for host buffers.
     transports: list[str] | None = None
+    #: ``--workload``: tensor sizes on which allreduce_many's bucket size is searched.
+    tensor_bytes: list[int] | None = None
 
 
 @dataclass

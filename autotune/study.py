@@ -97,6 +97,15 @@ def tune(comm: Any, opts: TuneOptions, out: TextIO = sys.stdout) -> TuneResult:
     choices = [ab_choice(runtime, opts, summaries, i) for i in range(len(summaries))]
     profile = build_profile(identity, opts, summaries, choices, time.monotonic() - t_start,
                             algorithms)
+    if opts.tensor_bytes:
+        from collectives.profile import profile_from_dict
+
+        from .fusion import search_bucket_bytes
+
+        progress.line("searching allreduce_many's bucket size on the workload's tensors")
+        profile["fusion"] = search_bucket_bytes(
+            comm, profile_from_dict(profile, "<tuned profile>", world_size=n),
+            opts.tensor_bytes, opts.dtype, budget_s=max(5.0, 0.1 * opts.budget_s))
 
     def write() -> str:
         return write_profile(profile, opts.out)

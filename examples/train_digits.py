@@ -156,6 +156,39 @@ def train(args: argparse.Namespace, comm: Any = None) -> dict[str, Any]:
     return out
 
 
+def write_workload(args: argparse.Namespace, path: str) -> None:
+    """A workload file for ``ringtune tune --workload`` / ``ringtune simulate``: this
+    model's gradient sizes in the order backward produces them (last layer first) and the
+    measured compute time of one step on this process (forward and backward, no exchange)."""
+    import yaml
+
+    from collectives.atomic import write_text_atomic
+
+    model = make_model(args.hidden, args.layers)
+    xtr, ytr = digits()[:2]
+    lossf = nn.CrossEntropyLoss()
+    times = []
+    for step in range(6):
+        idx = shard(step, len(xtr), args.batch, 0, 1)
+        t0 = time.perf_counter()
+        model.zero_grad()
+        lossf(model(xtr[idx]), ytr[idx]).backward()
+        times.append(time.perf_counter() - t0)
+    sizes = [p.numel() * p.element_size() for p in model.parameters()][::-1]
+    data = {"name": f"digits-mlp-{args.hidden}x{args.layers}",
+            "description": f"examples/train_digits.py --hidden {args.hidden} --layers "
+                           f"{args.layers} --batch {args.batch}: "
+                           f"{sum(p.numel() for p in model.parameters())} float32 parameters",
+            "gradient_bytes": sum(sizes), "tensor_bytes": sizes,
+            "compute_seconds": round(statistics.median(times[1:]), 6),
+            "overlap": 0.0,
+            "sources": [f"measured by examples/train_digits.py --write-workload, torch "
+                        f"{torch.__version__}, {torch.get_num_threads()} thread(s)"]}
+    write_text_atomic(path, yaml.safe_dump(data, sort_keys=False, width=99))
+    print(f"wrote {path}: {len(sizes)} tensors, {sum(sizes)} B, compute "
+          f"{data['compute_seconds'] * 1e3:.1f} ms per step")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hook", default="ringtune", choices=("ringtune", "gloo"))
@@ -171,12 +204,18 @@ def parser() -> argparse.ArgumentParser:
                    "$RINGTUNE_PROFILE or built-in)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--write-workload", default=None, metavar="FILE",
+                   help="write this model's workload file (tensor sizes, compute time) and "
+                        "exit; no MPI launch needed")
     return p
 
 
 def main() -> None:
     args = parser().parse_args()
     torch.set_num_threads(args.threads)
+    if args.write_workload:
+        write_workload(args, args.write_workload)
+        return
     result = train(args)
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(f"{result['hook']} hook, {result['ranks']} ranks, {result['parameters']} "
