@@ -19,7 +19,7 @@ partial sums are exact. A floating sum of inexact values at three or more ranks 
 in the last bit, since ring algorithms start each chunk's sum at a different rank (true of
 every fused allreduce: Horovod's, DDP's buckets).
 
-GPU buffers: a bucket is capped at a quarter of the device's free memory, and a buffer
+GPU buffers: a bucket is capped at an eighth of the device's free memory, and a buffer
 bigger than the bucket is reduced window by window (contiguous views, no copies), so the
 scratch of the algorithm and the ``staged`` transport's pinned pieces stay bounded: a
 gradient set larger than free device memory is exchanged chunk by chunk.
@@ -40,8 +40,9 @@ from .tensors import as_buffer
 #: Bucket size without a tuned profile: DDP's default bucket (bucket_cap_mb=25).
 DEFAULT_BUCKET_BYTES = 25 << 20
 
-#: Fraction of free device memory one GPU bucket (and its scratch) may take.
-GPU_FREE_FRACTION = 4
+#: One GPU bucket takes at most 1/8 of free device memory: the two staging buckets and
+#: the plans' scratch for the few bucket sizes of a gradient set then fit.
+GPU_FREE_FRACTION = 8
 
 #: Staging buckets per (communicator, backend, dtype, size), reused across calls.
 _STAGING: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, int], list[Any]]] = (
