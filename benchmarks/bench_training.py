@@ -85,8 +85,9 @@ def bench_step(args: argparse.Namespace, ring: Communicator) -> None:
     for r in range(args.rounds):
         for hook, (ddp, opt, _) in (models.items() if r % 2 == 0
                                     else reversed(list(models.items()))):
-            t = _sync_time(lambda d=ddp, o=opt: _steps(d, o, 3 + r * args.steps, args.steps,
-                                                       args.batch, data))
+            first = 3 + r * args.steps
+            t = _sync_time(lambda d=ddp, o=opt, f=first: _steps(d, o, f, args.steps,
+                                                                args.batch, data))
             times[hook].append(t / args.steps)
     med = {h: statistics.median(v) * 1e3 for h, v in times.items()}
     if RANK == 0:
