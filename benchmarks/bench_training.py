@@ -64,10 +64,11 @@ def _steps(ddp: nn.Module, opt: Any, first: int, count: int, batch: int,
 
 
 def _header(args: argparse.Namespace, what: str) -> None:
+    hosts = len(set(WORLD.allgather(MPI.Get_processor_name())))  # collective: every rank
     if RANK == 0:
         params = sum(p.numel() for p in make_model(args.hidden, args.layers).parameters())
-        print(f"# {what}: {SIZE} ranks on {len(set(WORLD.allgather(MPI.Get_processor_name())))}"
-              f" host(s), MLP {args.hidden}x{args.layers} ({params} parameters), batch "
+        print(f"# {what}: {SIZE} ranks on {hosts} host(s), MLP {args.hidden}x{args.layers} "
+              f"({params} parameters), batch "
               f"{args.batch}/rank, torch {torch.__version__}, {torch.get_num_threads()} "
               f"thread(s)/rank, {args.rounds} rounds x {args.steps} steps", flush=True)
 
