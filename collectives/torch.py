@@ -137,6 +137,9 @@ class HookState:
         copy = buf.detach().clone()
         sig = self._signature(bucket)
         fut = self.exchanger.submit(self._reduce, sig, copy, None)
+        # Keep only what ``wait`` still has to report: finished exchanges that succeeded are
+        # referenced by ``_stale`` until used (a long run must not keep every step's copy).
+        self._pending = [f for f in self._pending if not f.done() or f.exception()]
         self._pending.append(fut)
         offsets, off = [], 0
         for p in bucket.parameters():

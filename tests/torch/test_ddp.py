@@ -152,6 +152,8 @@ def test_staleness_one_keeps_ranks_identical(comm) -> None:
             bad.append(f"step {step}: parameters did not move")
         if not _same_on_every_rank(now):
             bad.append(f"step {step}: parameters differ across ranks")
+    if len(state._pending) > 4:
+        bad.append(f"{len(state._pending)} exchanges kept after 8 steps (grows with steps)")
     state.wait()
     agree(bad)
 
