@@ -103,8 +103,10 @@ def tune(comm: Any, opts: TuneOptions, out: TextIO = sys.stdout) -> TuneResult:
         from .fusion import search_bucket_bytes
 
         progress.line("searching allreduce_many's bucket size on the workload's tensors")
+        # Rank 0's record: each rank stamped its own ``created`` time.
+        tuned = comm.bcast(profile if rank == 0 else None, root=0)
         profile["fusion"] = search_bucket_bytes(
-            comm, profile_from_dict(profile, "<tuned profile>", world_size=n),
+            comm, profile_from_dict(tuned, "<tuned profile>", world_size=n),
             opts.tensor_bytes, opts.dtype, budget_s=max(5.0, 0.1 * opts.budget_s))
 
     def write() -> str:
