@@ -2,9 +2,10 @@
 #   make tune   tune this machine (venv, install, `ringtune tune`) -> profiles/local.yaml
 #   make test   lint, type-check, unit tests, MPI tests at 1..4 ranks, GPU tests (skip w/o GPU),
 #               the GPU code checked against the real CUDA packages (cuda-static), and the
-#               GPU tests on a simulated GPU (gpu-sim)
+#               GPU tests on a simulated GPU (gpu-sim), and the PyTorch tests (torch-test)
 # Everything is installed from nothing into .venv (Python packages only; MPI is the mpich wheel);
-# cuda-static uses a second environment, .venv-cuda, with the `cuda` extra (~1.2 GB).
+# cuda-static uses a second environment, .venv-cuda, with the `cuda` extra (~1.2 GB);
+# torch-test a third, .venv-torch, with the `torch` extra (torch's wheels, several GB).
 
 PYTHON ?= python3
 VENV ?= .venv
