@@ -2,9 +2,10 @@
 #   make tune   tune this machine (venv, install, `ringtune tune`) -> profiles/local.yaml
 #   make test   lint, type-check, unit tests, MPI tests at 1..4 ranks, GPU tests (skip w/o GPU),
 #               the GPU code checked against the real CUDA packages (cuda-static), and the
-#               GPU tests on a simulated GPU (gpu-sim)
+#               GPU tests on a simulated GPU (gpu-sim), and the PyTorch tests (torch-test)
 # Everything is installed from nothing into .venv (Python packages only; MPI is the mpich wheel);
-# cuda-static uses a second environment, .venv-cuda, with the `cuda` extra (~1.2 GB).
+# cuda-static uses a second environment, .venv-cuda, with the `cuda` extra (~1.2 GB);
+# torch-test a third, .venv-torch, with the `torch` extra (torch's wheels, several GB).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,8 +17,10 @@ MPI_TEST_TIMEOUT ?= 900
 PYTEST_MPI := $(PY) -m mpi4py -m pytest -q -p no:cacheprovider
 CUDA_VENV ?= .venv-cuda
 CUDA_PY := $(CUDA_VENV)/bin/python
+TORCH_VENV ?= .venv-torch
+TORCH_PY := $(TORCH_VENV)/bin/python
 
-.PHONY: all install test lint unit mpi gpu cuda-static gpu-sim tune bench clean
+.PHONY: all install test lint unit mpi gpu cuda-static gpu-sim torch-test tune bench clean
 
 all: test
 
@@ -35,6 +38,13 @@ $(CUDA_VENV)/.installed: pyproject.toml
 	test -x $(CUDA_PY) || $(PYTHON) -m venv $(CUDA_VENV)
 	$(CUDA_PY) -m pip install -q --upgrade pip
 	$(CUDA_PY) -m pip install -q -e '.[test,cuda]'
+	touch $@
+
+# PyTorch (CPU and CUDA wheels, ~GBs) in its own environment, so `make tune` never needs it.
+$(TORCH_VENV)/.installed: pyproject.toml
+	test -x $(TORCH_PY) || $(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_PY) -m pip install -q --upgrade pip
+	$(TORCH_PY) -m pip install -q -e '.[test,torch]'
 	touch $@
 
 lint: install
@@ -79,8 +89,16 @@ gpu-sim: $(CUDA_VENV)/.installed
 	RINGTUNE_FAKE_GPU=1 PYTHONPATH=$(CURDIR)/tests/fakegpu RINGTUNE_GPU_PYTHON=$(CURDIR)/$(CUDA_PY) \
 	  RINGTUNE_CHECK_KERNEL_MIB=4 bash tests/gpu/device_check.sh build/device-check-sim
 
+# PyTorch tensors, the DDP hook (gloo) and allreduce_many at 1..4 ranks, in .venv-torch.
+torch-test: $(TORCH_VENV)/.installed
+	@set -e; for n in $(NP_LIST); do \
+	  echo "== tests/torch under mpiexec -n $$n"; \
+	  timeout $(MPI_TEST_TIMEOUT) $(TORCH_VENV)/bin/mpiexec -n $$n \
+	    $(TORCH_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/torch; \
+	done
+
 # GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
-test: lint gpu unit cuda-static gpu-sim mpi
+test: lint gpu unit cuda-static gpu-sim torch-test mpi
 
 tune: install
 	$(VENV)/bin/ringtune tune --out profiles/local.yaml
@@ -98,4 +116,4 @@ bench: install
 	$(VENV)/bin/ringtune bench -b 4K -e 64M -f 4 -c 1 "$$@"
 
 clean:
-	rm -rf $(VENV) $(CUDA_VENV) build *.egg-info
+	rm -rf $(VENV) $(CUDA_VENV) $(TORCH_VENV) build *.egg-info

@@ -32,7 +32,7 @@ _LEVEL_KEYS = {"name", "size", "bandwidth_gbs", "latency_us", "links_per_rank", 
 _CLUSTER_KEYS = {"name", "description", "ranks", "ranks_per_host", "levels", "memory_gbs",
                  "overhead_us", "sources", "notes"}
 _WORKLOAD_KEYS = {"name", "description", "gradient_bytes", "compute_seconds", "overlap",
-                  "sources", "notes"}
+                  "sources", "notes", "tensor_bytes"}
 
 #: Software cost of posting one message (or one reduction call) when a file gives none:
 #: what a GPU collective library spends per chunk, not a hardware figure.
@@ -148,6 +148,9 @@ class Workload:
     overlap: float = 0.0
     description: str = ""
     sources: tuple[str, ...] = ()
+    #: The gradient tensors' sizes in bytes, in the order backward produces them (optional;
+    #: ``ringtune tune --workload`` searches allreduce_many's bucket size on them).
+    tensor_bytes: tuple[int, ...] = ()
 
     def step_seconds(self, allreduce_seconds: float) -> float:
         hidden = min(self.overlap * allreduce_seconds, self.compute_seconds)
@@ -286,7 +289,16 @@ def workload_from_dict(data: Any, where: str = "workload") -> Workload:
     if (not isinstance(overlap, (int, float)) or isinstance(overlap, bool)
             or not 0 <= overlap <= 1):
         raise ValueError(f"{p}overlap: expected a fraction 0..1, got {overlap!r}")
+    tensors = data.get("tensor_bytes", [])
+    if not isinstance(tensors, list) or any(
+            isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in tensors):
+        raise ValueError(f"{p}tensor_bytes: expected a list of positive integers (bytes of "
+                         f"each gradient tensor), got {tensors!r}")
+    if tensors and sum(tensors) != data["gradient_bytes"]:
+        raise ValueError(f"{p}tensor_bytes: the sizes sum to {sum(tensors)} B, but "
+                         f"gradient_bytes is {data['gradient_bytes']}; make them agree")
     return Workload(
+        tensor_bytes=tuple(tensors),
         name=_text(f"{p}name", data.get("name", where)),
         gradient_bytes=_positive(f"{p}gradient_bytes", data["gradient_bytes"], integer=True),
         compute_seconds=float(_positive(f"{p}compute_seconds", data["compute_seconds"])),

@@ -48,6 +48,8 @@ class TuneOptions:
     transports: list[str] | None = None
     #: Wait for another run holding the storage instead of refusing (``--wait``).
     wait: bool = False
+    #: ``--workload``: tensor sizes on which allreduce_many's bucket size is searched.
+    tensor_bytes: list[int] | None = None
 
 
 @dataclass

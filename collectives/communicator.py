@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -30,6 +30,7 @@ from .logs import log_level
 from .ops import check_op
 from .plan import Plan
 from .profile import Profile, builtin_profile, load_profile
+from .tensors import as_buffer
 from .transport import Transport, default_transport, make_transport
 
 log = logging.getLogger("ringtune")
@@ -271,10 +272,11 @@ class Communicator:
         verifies that per call).
         """
         if type(buf) is np.ndarray:
-            backend = _NP_BACKEND
+            backend, arr = _NP_BACKEND, buf
         else:
-            backend = backend_for(buf)
-        flat = backend.as_flat(buf)
+            arr = as_buffer(buf)  # a torch tensor's zero-copy view (collectives/tensors.py)
+            backend = backend_for(arr)
+        flat = backend.as_flat(arr)
         key = _plan_key(flat, op, backend, algorithm, transport, params)
         if self.check_args:
             # Before preparing: building a plan can be collective (sub-communicators).
@@ -307,12 +309,21 @@ class Communicator:
                   f" {plan.describe_params()}" if plan.params else "", plan.transport,
                   "cached" if cached else "new")
 
+    def allreduce_many(self, buffers: Sequence[Any], op: str = "sum",
+                       bucket_bytes: int | None = None) -> list[Any]:
+        """Allreduce many arrays or tensors in place, packed into fused buckets of
+        ``bucket_bytes`` (``None``: the profile's tuned size); see collectives/fusion.py."""
+        from .fusion import allreduce_many
+
+        return allreduce_many(self, buffers, op, bucket_bytes)
+
     def prepared(self, buf: Any, op: str = "sum", algorithm: str | None = None,
                  transport: str | None = None, **params: Any) -> _Prepared:
         """The cached executable plan ``allreduce`` would run for these arguments (for the
         benchmark harness and overhead measurements). Collective on first use."""
-        backend = backend_for(buf)
-        flat = backend.as_flat(buf)
+        arr = as_buffer(buf)
+        backend = backend_for(arr)
+        flat = backend.as_flat(arr)
         key = _plan_key(flat, op, backend, algorithm, transport, params)
         return self._plans.get(key) or self._prepare(key, flat, backend, op, algorithm,
                                                      transport, params)
@@ -422,6 +433,9 @@ class Communicator:
 
     def close(self) -> None:
         """Free scratch buffers and transport resources (NCCL communicators)."""
+        from .exchange import close_exchanger
+
+        close_exchanger(self)  # after the communication thread's queued work
         self._plans.clear()
         for ctx in self._contexts.values():
             ctx.close()

@@ -34,7 +34,8 @@ PROFILE_OPS = ("sum", "prod", "min", "max", "avg")
 #: Top-level keys: required ones, then optional ones. Anything else is an error (new keys
 #: need a version bump, or go under ``extra``).
 REQUIRED_KEYS = ("format", "version", "topology", "backend", "transport", "rules")
-OPTIONAL_KEYS = ("created", "tool", "dtype", "op", "tuning", "extra", "library", "shapes")
+OPTIONAL_KEYS = ("created", "tool", "dtype", "op", "tuning", "extra", "library", "shapes",
+                 "fusion")
 TOPOLOGY_KEYS = ("fingerprint", "world_size", "hosts", "ranks_per_host", "summary")
 RULE_REQUIRED_KEYS = ("min_bytes", "max_bytes", "algorithm")
 RULE_OPTIONAL_KEYS = ("params", "transport", "measured", "native")
@@ -51,8 +52,7 @@ FINGERPRINT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 #: Key order of written files (people read them).
 _KEY_ORDER = ("format", "version", "created", "tool", "library", "topology", "backend",
-              "transport",
-              "dtype", "op", "rules", "tuning", "extra")
+              "transport", "dtype", "op", "rules", "fusion", "tuning", "extra")
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,12 @@ class Profile:
     def tuning(self) -> Mapping[str, Any]:
         tun = self.raw.get("tuning") if self.raw else None
         return tun if isinstance(tun, Mapping) else {}
+
+    @property
+    def fusion_bucket_bytes(self) -> int | None:
+        """The tuned bucket size of ``allreduce_many`` (``fusion.bucket_bytes``), if any."""
+        fus = self.raw.get("fusion") if self.raw else None
+        return fus.get("bucket_bytes") if isinstance(fus, Mapping) else None
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as the plain mapping that is written to YAML."""
@@ -249,6 +255,13 @@ def profile_from_dict(data: Any, name: str = "<profile>",
         _library(v, data["library"])
     if "tuning" in data:
         v.mapping(data["tuning"], "tuning")
+    if "fusion" in data:
+        # allreduce_many's tuned bucket size (collectives/fusion.py); optional.
+        fusion = v.mapping(data["fusion"], "fusion")
+        v.keys(fusion, "fusion", ("bucket_bytes",), ("measured",))
+        v.integer(fusion["bucket_bytes"], "fusion.bucket_bytes", 1, None)
+        if "measured" in fusion:
+            v.mapping(fusion["measured"], "fusion.measured")
     if "extra" in data and data["extra"] is not None:
         v.mapping(data["extra"], "extra")
     return Profile(rules=rules, backend=backend, transport=transport, dtype=dtype, op=op,

@@ -168,6 +168,14 @@ class CupyBackend(Backend):
             raise TypeError(f"unsupported dtype {name} on the GPU: use one of "
                             f"{', '.join(self._dtypes)}") from None
 
+    def free_bytes(self) -> int:
+        """Device memory this process can still allocate: the driver's free memory plus
+        what CuPy's pool holds unused (``allreduce_many`` sizes GPU buckets by it)."""
+        with cupy.cuda.Device(self.device):
+            free = int(cupy.cuda.runtime.memGetInfo()[0])
+            pool = getattr(cupy, "get_default_memory_pool", None)
+        return free + (int(pool().free_bytes()) if pool is not None else 0)
+
     def empty(self, count: int, dtype: str) -> Any:
         # Allocated for our stream: CuPy's pool then reuses it only in this stream's order.
         with cupy.cuda.Device(self.device), self.stream:

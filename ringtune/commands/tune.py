@@ -66,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "rank 0 has a GPU transport, else numpy)")
     p.add_argument("--dtype", default="float32", help="element type tuned (default float32)")
     p.add_argument("--op", default="sum", help="reduction op tuned (default sum)")
+    p.add_argument("--workload", default=None, metavar="FILE",
+                   help="also search allreduce_many's bucket size (profile key fusion) on "
+                        "the gradient tensor sizes (tensor_bytes) of this workload file")
     p.add_argument("--report", default=None, metavar="DIR",
                    help="also write DIR/busbw.png and DIR/report.md")
     p.add_argument("--fresh", action="store_true",
@@ -123,13 +126,27 @@ def _options(args: argparse.Namespace) -> TuneOptions:
         from autotune.space import searchable
 
         searchable(algorithms)  # ValueError naming the algorithm: bad input (exit 2)
+    workload = getattr(args, "workload", None)
+    tensor_bytes = _workload_tensors(workload) if workload else None
     return TuneOptions(out=args.out, buckets=buckets, trials=args.trials,
                        budget_s=args.budget, storage=args.storage, study=args.study,
                        sampler=args.sampler, seed=args.seed,
                        trial_timeout_s=args.trial_timeout or None, margin=args.margin,
                        algorithms=algorithms, dtype=args.dtype, op=args.op, fresh=args.fresh,
                        report=args.report, progress=not args.no_progress, backend=backend,
-                       wait=args.wait)
+                       wait=args.wait, tensor_bytes=tensor_bytes)
+
+
+def _workload_tensors(path: str) -> list[int]:
+    """The tensor sizes of a ``--workload`` file (bad files raise ValueError: exit 2)."""
+    from autotune.cluster import load_workload
+
+    work = load_workload(path)
+    if not work.tensor_bytes:
+        raise UsageError(f"--workload {path}: no tensor_bytes (the gradient tensors' sizes, "
+                         "which allreduce_many fuses); add them, e.g. with "
+                         "`python examples/train_digits.py --write-workload FILE`")
+    return list(work.tensor_bytes)
 
 
 def _check_cupy_here() -> None:

@@ -86,6 +86,7 @@ GOOD: dict[str, dict[str, Any]] = {
     "extra_section": _with(lambda d: d.update(extra={"note": "hand-tuned"})),
     "no_fingerprint": _with(lambda d: d["topology"].pop("fingerprint")),
     "cupy_staged": _with(lambda d: d.update(backend="cupy", transport="staged")),
+    "fusion_bucket_bytes": _with(lambda d: d.update(fusion={"bucket_bytes": 1 << 22})),
 }
 
 
@@ -137,6 +138,14 @@ BAD: dict[str, tuple[Any, str, bool]] = {
     "max_below_min": (_with(lambda d: d["rules"][0].update(max_bytes=-1)),
                       "rules[0].max_bytes:", True),
     "empty_rules": (_with(lambda d: d.update(rules=[])), "rules:", True),
+    "fusion_zero_bytes": (_with(lambda d: d.update(fusion={"bucket_bytes": 0})),
+                          "fusion.bucket_bytes:", True),
+    "fusion_bytes_as_text": (_with(lambda d: d.update(fusion={"bucket_bytes": "4M"})),
+                             "fusion.bucket_bytes:", True),
+    "fusion_unknown_key": (_with(lambda d: d.update(fusion={"bucket_bytes": 8, "size": 8})),
+                           "fusion.size:", True),
+    "fusion_missing_bytes": (_with(lambda d: d.update(fusion={})), "fusion.bucket_bytes:",
+                             True),
     "rules_not_list": (_with(lambda d: d.update(rules={"min_bytes": 0})), "rules:", True),
     "bad_backend": (_with(lambda d: d.update(backend="torch")), "backend:", True),
     "bad_transport": (_with(lambda d: d.update(transport="tcp")), "transport:", True),
@@ -374,3 +383,12 @@ def test_profile_type_is_frozen() -> None:
     assert isinstance(prof, Profile)
     with pytest.raises(AttributeError):
         prof.backend = "cupy"  # type: ignore[misc]
+
+
+def test_fusion_bucket_bytes() -> None:
+    """The optional fusion key (allreduce_many's tuned bucket size); old profiles lack it."""
+    assert profile_from_dict(GOOD["fusion_bucket_bytes"]).fusion_bucket_bytes == 1 << 22
+    assert profile_from_dict(GOOD["design_example"]).fusion_bucket_bytes is None
+    assert builtin_profile(2).fusion_bucket_bytes is None
+    text = dump_profile(profile_from_dict(GOOD["fusion_bucket_bytes"]))
+    assert yaml.safe_load(text)["fusion"] == {"bucket_bytes": 1 << 22}

@@ -58,6 +58,7 @@ class _MemoryPointer:
 def _new(a: np.ndarray, device: int | None = None) -> ndarray:
     """A device array over ``a``, a fresh host allocation standing for device memory."""
     dev = cuda.runtime.getDevice() if device is None else device
+    cuda.runtime.check_allocation(a.nbytes, dev)
     owner = a
     while isinstance(owner.base, np.ndarray):
         owner = owner.base

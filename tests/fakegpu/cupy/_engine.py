@@ -135,6 +135,15 @@ class Registry:
         bisect.insort(self._starts, start)
         self._items[start] = (start + max(nbytes, 1), weakref.ref(owner), pinned, device)
 
+    def device_bytes(self, device: int) -> int:
+        """Bytes of live device allocations on ``device`` (for ``memGetInfo``)."""
+        total = 0
+        for start in list(self._starts):
+            end, ref, pinned, dev = self._items[start]
+            if not pinned and dev == device and ref() is not None:
+                total += end - start
+        return total
+
     def find(self, ptr: int) -> tuple[Any, bool, int] | None:
         """(owner, pinned, device) of the live allocation holding ``ptr``, else None."""
         i = bisect.bisect_right(self._starts, ptr) - 1

@@ -50,6 +50,30 @@ def getDeviceProperties(device: int) -> dict[str, Any]:  # noqa: N802
             "totalGlobalMem": 1 << 34, "pciBusID": 0x1B + int(device)}
 
 
+def device_memory_bytes() -> int:
+    """Each simulated GPU's memory: ``RINGTUNE_FAKE_GPU_MEM_BYTES`` (default 16 GiB), so a
+    test can make a gradient set larger than free device memory."""
+    return int(os.environ.get("RINGTUNE_FAKE_GPU_MEM_BYTES", str(1 << 34)))
+
+
+def memGetInfo() -> tuple[int, int]:  # noqa: N802
+    """(free, total) bytes of the current device: total less its live allocations."""
+    total = device_memory_bytes()
+    return max(0, total - MEMORY.device_bytes(_device)), total
+
+
+def check_allocation(nbytes: int, device: int) -> None:
+    """cudaMalloc's failure when ``nbytes`` more would exceed the device's memory (only
+    checked when a test sets a size: the scan is linear in live allocations)."""
+    if "RINGTUNE_FAKE_GPU_MEM_BYTES" not in os.environ:
+        return
+    total = device_memory_bytes()
+    used = MEMORY.device_bytes(device)
+    if used + nbytes > total:
+        raise CUDARuntimeError(f"cudaErrorMemoryAllocation: out of memory allocating "
+                               f"{nbytes} B on device {device} ({total - used} B free)")
+
+
 def deviceGetPCIBusId(device: int) -> str:  # noqa: N802
     if not 0 <= int(device) < getDeviceCount():
         raise CUDARuntimeError(f"cudaErrorInvalidDevice: device {device}")

@@ -1,0 +1,227 @@
+"""Training benchmarks of issue 11: DDP + ringtune hook against DDP's own gloo allreduce,
+the overlap of background exchange with backward, and the hook's overhead per bucket.
+
+Run under any MPI launch (one host or many; rank 0 prints Markdown for BENCHMARKS.md):
+
+    .venv-torch/bin/mpiexec -n 2 .venv-torch/bin/python benchmarks/bench_training.py step
+    .venv-torch/bin/mpiexec -n 2 .venv-torch/bin/python benchmarks/bench_training.py overlap
+    .venv-torch/bin/mpiexec -n 2 .venv-torch/bin/python benchmarks/bench_training.py overhead
+
+``step``: the digits MLP of examples/train_digits.py (``--hidden``/``--layers``; 2300x3 is
+10.7 M parameters) wrapped twice in DDP on the same data, once with the ringtune hook and
+once with DDP's default; rounds of ``--steps`` steps alternate between them so that drift
+of a shared machine hits both alike. Median step time of each and the ratio.
+
+``overlap``: the same model with small buckets (``--bucket-cap-mb``), three ways in
+alternating rounds: compute only (a hook that returns each bucket untouched), comm only
+(the same buckets averaged on the communication thread, no backward running), and
+together (the ringtune hook). Hidden share of communication =
+(compute + comm - together) / comm.
+
+``overhead``: a 1 KiB bucket through ``ddp_hook`` (queue, thread hand-off, futures) against
+``Communicator.allreduce`` of the same buffer on the calling thread; the difference is the
+hook's cost per bucket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+from mpi4py import MPI
+from torch import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from train_digits import digits, init_gloo, make_model, shard, wrap  # noqa: E402
+
+from collectives import Communicator  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+
+
+def _sync_time(fn: Any) -> float:
+    """Seconds of ``fn()`` on the slowest rank, started together."""
+    WORLD.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    return WORLD.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+
+
+def _steps(ddp: nn.Module, opt: Any, first: int, count: int, batch: int,
+           data: Any) -> None:
+    xtr, ytr = data[0], data[1]
+    for step in range(first, first + count):
+        idx = shard(step, len(xtr), batch, RANK, SIZE)
+        opt.zero_grad(set_to_none=False)
+        nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx]).backward()
+        opt.step()
+
+
+def _header(args: argparse.Namespace, what: str) -> None:
+    hosts = len(set(WORLD.allgather(MPI.Get_processor_name())))  # collective: every rank
+    if RANK == 0:
+        params = sum(p.numel() for p in make_model(args.hidden, args.layers).parameters())
+        print(f"# {what}: {SIZE} ranks on {hosts} host(s), MLP {args.hidden}x{args.layers} "
+              f"({params} parameters), batch "
+              f"{args.batch}/rank, torch {torch.__version__}, {torch.get_num_threads()} "
+              f"thread(s)/rank, {args.rounds} rounds x {args.steps} steps", flush=True)
+
+
+def bench_step(args: argparse.Namespace, ring: Communicator) -> None:
+    _header(args, "step time, DDP + ringtune hook vs DDP default (gloo)")
+    data = digits()
+    models = {}
+    for hook in ("ringtune", "gloo"):
+        ddp, state = wrap(make_model(args.hidden, args.layers), hook, ring, args.bucket_cap_mb)
+        models[hook] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), state)
+    for ddp, opt, _ in models.values():  # warm-up: bucket rebuild, plans, gloo pairs
+        _steps(ddp, opt, 0, 3, args.batch, data)
+    times: dict[str, list[float]] = {h: [] for h in models}
+    for r in range(args.rounds):
+        for hook, (ddp, opt, _) in (models.items() if r % 2 == 0
+                                    else reversed(list(models.items()))):
+            first = 3 + r * args.steps
+            t = _sync_time(lambda d=ddp, o=opt, f=first: _steps(d, o, f, args.steps,
+                                                                args.batch, data))
+            times[hook].append(t / args.steps)
+    med = {h: statistics.median(v) * 1e3 for h, v in times.items()}
+    if RANK == 0:
+        print("| hook | median step (ms) | rounds (ms) |")
+        print("|---|---|---|")
+        for h in models:
+            print(f"| {h} | {med[h]:.2f} | {', '.join(f'{x * 1e3:.1f}' for x in times[h])} |")
+        print(f"ratio gloo / ringtune: {med['gloo'] / med['ringtune']:.2f}x")
+
+
+def _noop_hook(state: Any, bucket: Any) -> Any:
+    fut: Any = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+_noop_hook.__annotations__ = {"state": object, "bucket": torch.distributed.GradBucket,
+                              "return": torch.futures.Future[torch.Tensor]}
+
+
+def bench_overlap(args: argparse.Namespace, ring: Communicator) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from collectives.exchange import exchanger_for
+
+    _header(args, f"overlap of exchange with backward, buckets of {args.bucket_cap_mb} MB")
+    data = digits()
+    compute = DDP(make_model(args.hidden, args.layers), bucket_cap_mb=args.bucket_cap_mb)
+    compute.register_comm_hook(None, _noop_hook)
+    together, _ = wrap(make_model(args.hidden, args.layers), "ringtune", ring,
+                       args.bucket_cap_mb)
+    opt_c = torch.optim.SGD(compute.parameters(), lr=0.01)
+    opt_t = torch.optim.SGD(together.parameters(), lr=0.01)
+    _steps(compute, opt_c, 0, 3, args.batch, data)
+    _steps(together, opt_t, 0, 3, args.batch, data)
+    sizes = [int(s) for s in compute._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(",")]
+    buckets = [torch.zeros(s // 4) for s in sizes]
+    ex = exchanger_for(ring)
+
+    def comm_only() -> None:
+        for _ in range(args.steps):
+            futs = [ex.submit(ring.allreduce, b, "avg") for b in buckets]
+            for f in futs:
+                f.result()
+
+    t: dict[str, list[float]] = {"compute": [], "comm": [], "together": []}
+    for r in range(args.rounds):
+        first = 3 + r * args.steps
+        t["compute"].append(_sync_time(
+            lambda f=first: _steps(compute, opt_c, f, args.steps, args.batch, data)))
+        t["comm"].append(_sync_time(comm_only))
+        t["together"].append(_sync_time(
+            lambda f=first: _steps(together, opt_t, f, args.steps, args.batch, data)))
+    med = {k: statistics.median(v) / args.steps * 1e3 for k, v in t.items()}
+    hidden = (med["compute"] + med["comm"] - med["together"]) / med["comm"]
+    if RANK == 0:
+        print(f"buckets per step: {len(sizes)} ({', '.join(str(s) for s in sizes)} B)")
+        print("| compute only (ms) | comm only (ms) | together (ms) | communication hidden |")
+        print("|---|---|---|---|")
+        print(f"| {med['compute']:.2f} | {med['comm']:.2f} | {med['together']:.2f} | "
+              f"{100 * hidden:.0f}% |")
+
+
+class _Bucket:
+    def __init__(self, buf: torch.Tensor) -> None:
+        self.buf = buf
+
+    def index(self) -> int:
+        return 0
+
+    def buffer(self) -> torch.Tensor:
+        return self.buf
+
+    def is_last(self) -> bool:
+        return True
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [self.buf]
+
+
+def bench_overhead(args: argparse.Namespace, ring: Communicator) -> None:
+    from collectives.torch import HookState, ddp_hook
+
+    if RANK == 0:
+        print(f"# hook overhead per 1 KiB bucket: {SIZE} ranks, {args.calls} calls x "
+              f"{args.rounds} rounds", flush=True)
+    buf = torch.zeros(256)
+    state = HookState(ring)
+    bucket = _Bucket(buf)
+    for _ in range(50):
+        ddp_hook(state, bucket).wait()
+        ring.allreduce(buf, op="avg")
+    direct, hook = [], []
+    for _ in range(args.rounds):
+        WORLD.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.calls):
+            ring.allreduce(buf, op="avg")
+        direct.append((time.perf_counter() - t0) / args.calls)
+        WORLD.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.calls):
+            ddp_hook(state, bucket).wait()
+        hook.append((time.perf_counter() - t0) / args.calls)
+    d = statistics.median(WORLD.allgather(statistics.median(direct)))
+    h = statistics.median(WORLD.allgather(statistics.median(hook)))
+    if RANK == 0:
+        print("| allreduce on the calling thread (µs) | through ddp_hook (µs) | overhead (µs) |")
+        print("|---|---|---|")
+        print(f"| {d * 1e6:.1f} | {h * 1e6:.1f} | {(h - d) * 1e6:.1f} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=("step", "overlap", "overhead"))
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--profile", default=None)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    init_gloo(WORLD)
+    ring = Communicator(WORLD.Dup(), profile=args.profile)
+    {"step": bench_step, "overlap": bench_overlap, "overhead": bench_overhead}[args.what](
+        args, ring)
+    ring.close()
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""A DDP communication hook that averages gradient buckets with ringtune.
+
+Use it in place of DDP's own allreduce (three lines; ``comm`` must not be used by your own
+code concurrently, hence the ``Dup``)::
+
+    from collectives import Communicator
+    from collectives.torch import HookState, ddp_hook
+    ddp_model.register_comm_hook(HookState(Communicator(MPI.COMM_WORLD.Dup())), ddp_hook)
+
+``ddp_hook`` hands each ``GradBucket`` to the communicator's communication thread
+(``collectives.exchange``) and returns at once with a ``torch.futures.Future``; the thread
+averages the bucket with the profile's choice for its size while backward computes the
+next bucket, then completes the future. An error on that thread fails the future, so
+``loss.backward()`` raises on the training thread instead of hanging. DDP with the gloo
+process group (CPU tensors) is what the tests run; CUDA buckets (NCCL process group) go to
+ringtune's GPU backend in the same way, ordered after the gradient kernels by an event (not
+verified here: no GPU).
+
+Modes (``HookState(comm, staleness=..., average_every=...)``; both off by default):
+- ``staleness=1``: step t applies the average of step t-1's gradients, while step t's are
+  exchanged behind step t+1's forward and backward (the first step applies zeros). Every
+  rank applies the same update, so parameters stay identical across ranks.
+- ``average_every=H`` (local SGD): gradients are not exchanged; each rank steps on its own
+  gradients and ``state.average_parameters(model.parameters())`` after ``optimizer.step()``
+  averages the parameters every H-th step (call it every step).
+
+The first time a bucket layout is seen the ranks compare it (one small allgather on the
+communication thread): ranks whose models differ fail together with the layouts named,
+instead of reducing mismatched buckets.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future as _CFuture
+from typing import Any
+
+from .tensors import _rank, as_buffer
+
+try:
+    import torch
+    import torch.distributed
+except ImportError as _exc:  # the torch API without torch: one line with the fix
+    raise ImportError(f"rank {_rank()}: collectives.torch needs PyTorch ({_exc}); install it "
+                      "with `pip install 'ringtune[torch]'` (or `make .venv-torch/.installed`)"
+                      ) from None
+
+from .errors import AgreementError, require_agreement
+from .exchange import exchanger_for
+
+__all__ = ["HookState", "ddp_hook"]
+
+
+class HookState:
+    """State of ``ddp_hook``: the ``Communicator``, its communication thread, the mode."""
+
+    def __init__(self, comm: Any, staleness: int = 0, average_every: int = 1) -> None:
+        from .communicator import Communicator
+
+        if not isinstance(comm, Communicator):
+            raise TypeError(f"rank {_rank()}: HookState needs a collectives.Communicator, got "
+                            f"{type(comm).__name__}: wrap it, HookState(Communicator(comm))")
+        if staleness not in (0, 1):
+            raise ValueError(f"rank {comm.rank}: staleness must be 0 or 1, got {staleness!r}")
+        if isinstance(average_every, bool) or not isinstance(average_every, int) \
+                or average_every < 1:
+            raise ValueError(f"rank {comm.rank}: average_every must be an integer ≥ 1, got "
+                             f"{average_every!r}")
+        if staleness and average_every > 1:
+            raise ValueError(f"rank {comm.rank}: choose staleness=1 or average_every>1, not "
+                             "both")
+        self.comm = comm
+        self.rank: int = comm.rank
+        self.world: int = comm.size
+        self.staleness = staleness
+        self.average_every = average_every
+        self.exchanger = exchanger_for(comm)  # checks the MPI thread level
+        self.step = 0
+        self._checked: set[tuple[Any, ...]] = set()
+        # staleness 1: per parameter, the averaged gradient of the previous step.
+        self._stale: dict[int, Any] = {}
+        self._pending: list[_CFuture[Any]] = []
+
+    # -- the hook's side ---------------------------------------------------------------
+
+    def _signature(self, bucket: Any) -> tuple[Any, ...]:
+        buf = bucket.buffer()
+        return (bucket.index(), int(buf.numel()), str(buf.dtype), buf.device.type,
+                bool(bucket.is_last()))
+
+    def _check(self, sig: tuple[Any, ...], buf: Any) -> None:
+        """On the communication thread: every rank has the same bucket and can serve it."""
+        problem = ""
+        try:
+            from .backend import backend_for
+
+            backend_for(as_buffer(buf))
+        except (TypeError, ValueError, ImportError) as exc:
+            problem = str(exc)
+        everyone = self.comm.comm.allgather((sig, problem))
+        bad = [(r, p) for r, (_, p) in enumerate(everyone) if p]
+        if bad:
+            r, p = bad[0]
+            raise AgreementError(p if p.startswith(f"rank {r}") else f"rank {r}: {p}")
+        require_agreement(
+            [f"bucket {s[0]}: {s[1]} x {s[2]} on {s[3]}{' (last)' if s[4] else ''}"
+             for s, _ in everyone],
+            "DDP gradient bucket layouts",
+            "every rank must wrap the same model (same parameters, shapes, dtypes and "
+            "order) with the same DDP bucket_cap_mb")
+
+    def _reduce(self, sig: tuple[Any, ...], buf: Any, ready: Any) -> Any:
+        """On the communication thread: average ``buf`` in place."""
+        if ready is not None:
+            ready.synchronize()  # the gradient kernels that wrote the bucket have run
+        if sig not in self._checked:
+            self._check(sig, buf)
+            self._checked.add(sig)
+        self.comm.allreduce(buf, op="avg")
+        return buf
+
+    def submit(self, bucket: Any) -> _CFuture[Any]:
+        """Queue the averaging of ``bucket``'s buffer (in place) on the communication
+        thread."""
+        buf = bucket.buffer()
+        ready = None
+        if buf.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+        return self.exchanger.submit(self._reduce, self._signature(bucket), buf, ready)
+
+    # -- modes --------------------------------------------------------------------------
+
+    def _stale_exchange(self, bucket: Any) -> Any:
+        """staleness 1: queue this step's gradients (a copy: DDP reuses the bucket), then
+        put the previous step's averages in the bucket."""
+        buf = bucket.buffer()
+        copy = buf.detach().clone()
+        sig = self._signature(bucket)
+        fut = self.exchanger.submit(self._reduce, sig, copy, None)
+        # Keep only what ``wait`` still has to report: finished exchanges that succeeded are
+        # referenced by ``_stale`` until used (a long run must not keep every step's copy).
+        self._pending = [f for f in self._pending if not f.done() or f.exception()]
+        self._pending.append(fut)
+        offsets, off = [], 0
+        for p in bucket.parameters():
+            offsets.append((id(p), off, p.numel()))
+            off += p.numel()
+        prev = self._stale
+        for pid, o, n in offsets:
+            old = prev.get(pid)
+            if old is None:
+                buf[o:o + n].zero_()  # first step: no averaged gradient yet
+            else:
+                old_fut, old_view = old
+                old_fut.result()  # finished during this step's compute (raises its error)
+                buf[o:o + n].copy_(old_view)
+        for pid, o, n in offsets:
+            prev[pid] = (fut, copy[o:o + n])
+        return buf
+
+    def average_parameters(self, params: Any) -> None:
+        """Local SGD: average ``params`` across ranks every ``average_every``-th call (call
+        it after each ``optimizer.step()``); a no-op otherwise and in the other modes."""
+        if self.average_every == 1:
+            return
+        if self.step % self.average_every:  # ``step`` counts finished backward passes
+            return
+        data = [p.detach() for p in params]
+        with torch.no_grad():
+            self.exchanger.submit(self.comm.allreduce_many, data, "avg").result()
+
+    def wait(self) -> None:
+        """Wait for every exchange queued so far (e.g. before calling MPI yourself under
+        ``MPI_THREAD_SERIALIZED``, or before saving parameters with ``staleness=1``)."""
+        self.exchanger.drain()
+        for fut in self._pending:
+            fut.result()
+        self._pending.clear()
+
+    def close(self) -> None:
+        """Finish queued exchanges and stop the communication thread."""
+        from .exchange import close_exchanger
+
+        close_exchanger(self.comm)
+
+
+def _torch_future(cfut: _CFuture[Any]) -> Any:
+    """A ``torch.futures.Future`` completed (or failed) with ``cfut``."""
+    tfut: Any = torch.futures.Future()
+
+    def done(f: _CFuture[Any]) -> None:
+        exc = f.exception()
+        if exc is None:
+            tfut.set_result(f.result())
+        else:
+            tfut.set_exception(exc)
+
+    cfut.add_done_callback(done)
+    return tfut
+
+
+def _done_future(value: Any) -> Any:
+    tfut: Any = torch.futures.Future()
+    tfut.set_result(value)
+    return tfut
+
+
+def ddp_hook(state: HookState, bucket: Any) -> Any:
+    """DDP communication hook: average ``bucket`` with ringtune; see the module docstring.
+    Register it with ``ddp_model.register_comm_hook(HookState(comm), ddp_hook)``."""
+    last = bool(bucket.is_last())
+    try:
+        if state.average_every > 1:
+            out = _done_future(bucket.buffer())  # local SGD: each rank keeps its own
+        elif state.staleness:
+            out = _done_future(state._stale_exchange(bucket))
+        else:
+            out = _torch_future(state.submit(bucket))
+    except BaseException as exc:  # noqa: BLE001 - delivered through the future
+        out = torch.futures.Future()
+        out.set_exception(exc)
+    if last:
+        state.step += 1
+    return out
+
+
+# DDP checks the hook's annotations against the real classes (register_comm_hook), and
+# ``from __future__ import annotations`` leaves strings: give it the objects.
+ddp_hook.__annotations__ = {"state": HookState, "bucket": torch.distributed.GradBucket,
+                            "return": torch.futures.Future[torch.Tensor]}
