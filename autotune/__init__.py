@@ -1,1 +1,6 @@
-"""The search: Optuna studies over allreduce configurations (filled by the tuner work)."""
+"""The search: ``ringtune tune``'s Optuna studies over allreduce configurations, the cost
+model behind ``ringtune simulate`` and the warm start, and the profile they write.
+
+Use ``autotune.study.tune`` for a whole run (collective over a communicator),
+``autotune.model`` to predict a cluster, ``autotune.choose`` for the A/B choice.
+"""

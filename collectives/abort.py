@@ -59,7 +59,13 @@ def rank_line(comm: Any, text: str) -> str:
 def abort_world(comm: Any, line: str | None, code: int = 1) -> NoReturn:
     """Print ``line`` (when given) and end every rank of the job with exit ``code``."""
     if line:
-        print(line, file=sys.stderr, flush=True)
+        if sys.stderr is sys.__stderr__:
+            print(line, file=sys.stderr, flush=True)
+        else:
+            # sys.stderr was replaced (a test runner's capture, a logging redirect) and dies
+            # with the process unread: the line goes to the process's own stderr.
+            sys.stderr.flush()
+            os.write(2, (line + "\n").encode(errors="replace"))
     sys.stderr.flush()
     time.sleep(ABORT_GRACE_S)
     comm.Abort(code)

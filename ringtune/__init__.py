@@ -1,3 +1,6 @@
-"""The ``ringtune`` command line (``ringtune probe|bench|tune|show|validate|simulate``)."""
+"""The ``ringtune`` command line: ``ringtune probe|bench|tune|show|validate|simulate|emulate|
+export`` (one module per verb under ``ringtune/commands``)."""
 
-__version__ = "0.1.0"
+from collectives import __version__  # the one place the version is written
+
+__all__ = ["__version__"]

@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from . import __version__
 from .errors import CommandFailed, UsageError, report_error
 from .launch import launch_rank
 
@@ -39,7 +40,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ringtune", description="Topology-aware allreduce autotuner.")
-    parser.add_argument("--version", action="version", version="ringtune 0.1.0")
+    parser.add_argument("--version", action="version", version=f"ringtune {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
     sub.required = True
     for verb, modname in COMMANDS.items():

@@ -64,8 +64,11 @@ def test_selected_algorithm_really_runs(comm) -> None:
 
 
 @pytest.mark.skipif(N < 2, reason="MPICH runs no algorithm on one rank")
-def test_restriction_error_proves_the_choice(comm) -> None:
+def test_restriction_error_proves_the_choice(comm, monkeypatch) -> None:
     from mpi4py import MPI
+
+    # The MPI error must reach this test, not end the job (collectives.abort).
+    monkeypatch.setenv("RINGTUNE_ON_ERROR", "raise")
 
     old = mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", 0)  # 0 = error
     bad = []
