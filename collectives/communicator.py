@@ -121,8 +121,9 @@ class Communicator:
         try:
             # Not ``world_size=self.size``: a profile of another world size is a topology
             # mismatch (warn and fall back, or raise when strict; ``_check_fingerprint``),
-            # not a broken file.
-            return load_profile(os.fspath(path))
+            # not a broken file. A profile with sections for several shapes gives the one
+            # for this communicator's size.
+            return load_profile(os.fspath(path), section_for=self.size)
         except ProfileError as exc:
             return exc
         except OSError as exc:

@@ -158,11 +158,14 @@ def builtin_profile(world_size: int) -> Profile:
 # -- loading -------------------------------------------------------------------------------
 
 
-def load_profile(path: str | os.PathLike[str], world_size: int | None = None) -> Profile:
+def load_profile(path: str | os.PathLike[str], world_size: int | None = None,
+                 section_for: int | None = None) -> Profile:
     """Read and validate a profile file; ``ProfileError`` naming file and key otherwise.
 
     ``world_size``: the size of the world that will use it; a profile tuned for another
     world size is rejected (its rules and ring orders were measured for that size).
+    ``section_for``: pick the section for that world size when the profile has one
+    (``shapes``), without rejecting another size (the runtime's warn-and-fall-back).
     """
     import yaml
 
@@ -188,18 +191,19 @@ def load_profile(path: str | os.PathLike[str], world_size: int | None = None) ->
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ProfileError(f"{name}: {where}invalid YAML ({problem}); is the file "
                            "truncated or hand-edited?") from None
-    return profile_from_dict(data, name, world_size=world_size)
+    return profile_from_dict(data, name, world_size=world_size, section_for=section_for)
 
 
 def profile_from_dict(data: Any, name: str = "<profile>",
-                      world_size: int | None = None) -> Profile:
+                      world_size: int | None = None,
+                      section_for: int | None = None) -> Profile:
     """Validate a profile mapping (as parsed from YAML) and build the ``Profile``.
 
     Errors read ``NAME: KEY.PATH: what is wrong, got VALUE``.
     """
     from .shapes import pick
 
-    data, section = pick(data, world_size, name)
+    data, section = pick(data, world_size if world_size is not None else section_for, name)
     v = _Validator(name)
     if data is None:
         v.fail("", "the file is empty; expected a ringtune profile (format: ringtune-profile)")

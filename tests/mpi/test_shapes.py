@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from collectives import Communicator, ProfileError
+from collectives import Communicator, ProfileError, TopologyMismatchError
 from collectives.profile import write_profile
 
 from .conftest import WORLD, agree
@@ -95,11 +95,21 @@ def test_world_and_sub_communicators_pick_their_section() -> None:
 
 
 @pytest.mark.skipif(N == 4, reason="the main shape always has its rules")
-def test_shape_without_section_is_refused_on_every_rank() -> None:
+def test_shape_without_section_falls_back_like_another_world_size() -> None:
+    # As for a single-shape profile of another world size: warn and use the built-in
+    # defaults (explain says why), or raise on every rank when strict.
     path = _write(profile(4, {s: "tuned" for s in (1, 2, 3) if s != N}))
     try:
-        with pytest.raises(ProfileError, match="tuned for 4 ranks"):
-            Communicator(WORLD, profile=path)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            comm = Communicator(WORLD, profile=path)
+        if RANK == 0:  # the warning is rank 0's
+            assert any("tuned for 4 ranks" in str(w.message) for w in caught), caught
+        text = comm.explain(1 << 20)
+        assert "built-in defaults" in text and "set aside: tuned for 4 ranks" in text, text
+        comm.close()
+        with pytest.raises(TopologyMismatchError, match="tuned for 4 ranks"):
+            Communicator(WORLD, profile=path, strict=True)
     finally:
         WORLD.Barrier()
         if RANK == 0:
