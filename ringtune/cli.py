@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "show": "ringtune.commands.show",
     "validate": "ringtune.commands.validate",
     "simulate": "ringtune.commands.simulate",
+    "emulate": "ringtune.commands.emulate",
 }
 
 
