@@ -17,7 +17,7 @@ PYTEST_MPI := $(PY) -m mpi4py -m pytest -q -p no:cacheprovider
 CUDA_VENV ?= .venv-cuda
 CUDA_PY := $(CUDA_VENV)/bin/python
 
-.PHONY: all install test lint unit mpi gpu cuda-static gpu-sim tune bench clean
+.PHONY: all install test lint unit mpi gpu cuda-static gpu-sim emulated tune bench clean
 
 all: test
 
@@ -79,8 +79,15 @@ gpu-sim: $(CUDA_VENV)/.installed
 	RINGTUNE_FAKE_GPU=1 PYTHONPATH=$(CURDIR)/tests/fakegpu RINGTUNE_GPU_PYTHON=$(CURDIR)/$(CUDA_PY) \
 	  RINGTUNE_CHECK_KERNEL_MIB=4 bash tests/gpu/device_check.sh build/device-check-sim
 
+# Multi-host tests: `ringtune emulate` builds hosts from network namespaces with shaped links
+# (profiles/clusters/emulated-*.yaml); the contract suite on 2x2 and 3x1, probe, fingerprint,
+# ring placement, teardown and faults. Skips with the reason without root or namespaces.
+EMULATED_TIMEOUT ?= 600
+emulated: install
+	timeout $(EMULATED_TIMEOUT) $(PY) -m pytest -q -p no:cacheprovider -rs tests/emulated
+
 # GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
-test: lint gpu unit cuda-static gpu-sim mpi
+test: lint gpu unit cuda-static gpu-sim mpi emulated
 
 tune: install
 	$(VENV)/bin/ringtune tune --out profiles/local.yaml
