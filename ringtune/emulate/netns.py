@@ -35,6 +35,9 @@ from .spec import EmulatedCluster
 PREFIX = "rtemu"
 #: Lock file and per-run files (shim, hostfile); /run is a tmpfs, gone at reboot like netns.
 STATE_DIR = "/run/ringtune-emulate"
+#: ``ip netns exec NS`` bind-mounts ``/etc/netns/NS/hosts`` over ``/etc/hosts``: every host
+#: resolves every other's hostname (Hydra and its messages then use hostnames).
+ETC_NETNS = "/etc/netns"
 _OURS = re.compile(rf"^{PREFIX}-(\d+)-")
 _TOOLS = ("ip", "tc", "unshare")
 
@@ -128,11 +131,23 @@ def remove_namespaces(names: Sequence[str]) -> None:
                             f"`ringtune emulate --cleanup`")
 
 
+def remove_hosts_files(names: Sequence[str]) -> None:
+    """Remove ``/etc/netns/NS`` of ``names`` (and ``/etc/netns`` itself once empty)."""
+    for ns in names:
+        shutil.rmtree(os.path.join(ETC_NETNS, ns), ignore_errors=True)
+    try:
+        os.rmdir(ETC_NETNS)
+    except OSError:
+        pass  # absent, or holds someone else's files
+
+
 def cleanup_leftovers() -> list[str]:
     """Remove every namespace and run directory an emulation left (call it holding the lock:
     then no live run owns any of them). Returns the namespaces removed."""
     left = ours()
     remove_namespaces(left)
+    if os.path.isdir(ETC_NETNS):
+        remove_hosts_files([n for n in os.listdir(ETC_NETNS) if _OURS.match(n)])
     if os.path.isdir(STATE_DIR):
         for entry in os.listdir(STATE_DIR):
             path = os.path.join(STATE_DIR, entry)
@@ -240,8 +255,18 @@ class Network:
                        host_tier.rate_bps)
             _run(["ip", "-n", ns, "addr", "add", f"{address}/16", "dev", "eth0"])
             self.hosts.append(Host(i, ns, names[i], address))
+        table = "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.hostname}\n"
+                                                  for h in self.hosts)
+        for h in self.hosts:
+            folder = os.path.join(ETC_NETNS, h.namespace)
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, "hosts"), "w", encoding="utf-8") as f:
+                f.write(table)
 
     def teardown(self) -> None:
         """Remove every namespace this network created (and so its veths and processes)."""
         made, self.created = list(self.created), []
-        remove_namespaces(made[::-1])
+        try:
+            remove_namespaces(made[::-1])
+        finally:
+            remove_hosts_files([h.namespace for h in self.hosts])

@@ -44,9 +44,9 @@ def write_run_files(net: Network, placement: str) -> tuple[str, str, str]:
         f.write(_SHIM.format(cases=cases))
     os.chmod(shim, 0o755)
     per = 1 if placement == "round-robin" else net.spec.ranks_per_host
-    hosts = ",".join(f"{h.address}:{per}" for h in net.hosts)
+    hosts = ",".join(f"{h.hostname}:{per}" for h in net.hosts)
     with open(os.path.join(run_dir, "hostfile"), "w", encoding="utf-8") as f:
-        f.write("".join(f"{h.address}:{per}  # {h.hostname} ({h.namespace})\n"
+        f.write("".join(f"{h.hostname}:{per}  # {h.address} ({h.namespace})\n"
                         for h in net.hosts))
     return run_dir, shim, hosts
 
