@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ringtune.emulate.spec import EmulatedCluster
@@ -111,6 +111,7 @@ def _emulate(spec: EmulatedCluster, args: argparse.Namespace, command: list[str]
              mpiexec: str, say: Callable[[str], None], run_id: int) -> int:
     """Build, run, tear down; the command's exit status."""
     from ringtune.emulate import netns, runner
+    from ringtune.emulate.monitor import HostMonitor
 
     t0 = time.monotonic()
     net = netns.Network(spec, run_id, netns.pick_subnet(), args.hostname_prefix)
@@ -122,8 +123,14 @@ def _emulate(spec: EmulatedCluster, args: argparse.Namespace, command: list[str]
             f"{', '.join(f'{h.hostname}={h.address}' for h in net.hosts)}; "
             f"set up in {runner.elapsed(t0)}")
         proc, _ = runner.run_command(net, mpiexec, command, args.placement, not args.quiet)
+        monitor = HostMonitor(net.hosts)
+        monitor.start()
         try:
-            return runner.wait(proc)
+            code = runner.wait(proc)
+            monitor.stop()
+            if code != 0:
+                _explain_failure(net, args.placement, code, monitor)
+            return code
         except KeyboardInterrupt:
             interrupted = signal.SIGINT
             raise
@@ -137,3 +144,25 @@ def _emulate(spec: EmulatedCluster, args: argparse.Namespace, command: list[str]
         net.teardown()
         shutil.rmtree(os.path.join(netns.STATE_DIR, str(run_id)), ignore_errors=True)
         say(f"torn down in {runner.elapsed(t1)}")
+
+
+def host_ranks(hosts: int, per_host: int, placement: str) -> list[list[int]]:
+    """The ranks of each host for ``placement`` (how ``runner`` lays them out)."""
+    n = hosts * per_host
+    if placement == "round-robin":
+        return [list(range(h, n, hosts)) for h in range(hosts)]
+    return [list(range(h * per_host, (h + 1) * per_host)) for h in range(hosts)]
+
+
+def _explain_failure(net: Any, placement: str, code: int, monitor: Any) -> None:
+    """One line on stderr naming the host (and its ranks) that failed first, when known."""
+    ranks = host_ranks(net.spec.hosts, net.spec.ranks_per_host, placement)
+    lost = monitor.first_lost
+    if lost is not None:
+        where = (f"host {lost.hostname} ({lost.address}, ranks "
+                 f"{', '.join(map(str, ranks[lost.index]))}) lost all its processes first")
+    else:
+        where = "ranks by host: " + "; ".join(
+            f"{h.hostname} {', '.join(map(str, ranks[h.index]))}" for h in net.hosts)
+    print(f"ringtune emulate: the command failed (exit status {code}); {where}",
+          file=sys.stderr, flush=True)

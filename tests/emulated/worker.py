@@ -5,7 +5,7 @@ command of ``ringtune emulate``); rank 0 prints one JSON line, the tests read it
 - ``fingerprint``: this world's topology fingerprint and host layout;
 - ``profile PATH``: load a profile; whether it was used, the warnings, the error if strict;
 - ``pids DIR``: write this rank's process id to DIR and sleep (teardown tests);
-- ``allreduce N``: one float32 allreduce of N elements, checked (fault tests).
+- ``allreduce N R [ALGO]``: R float32 allreduces of N elements, checked (fault tests).
 """
 
 from __future__ import annotations
@@ -75,14 +75,14 @@ def pids(folder: str) -> None:
     time.sleep(120)
 
 
-def allreduce(count: int, repeat: int) -> None:
+def allreduce(count: int, repeat: int, algorithm: str | None) -> None:
     from collectives import Communicator
 
     comm = Communicator(WORLD)
     buf = np.empty(count, dtype=np.float32)
     for i in range(repeat):
         buf[:] = RANK + 1
-        comm.allreduce(buf)  # the built-in rule for this size
+        comm.allreduce(buf, algorithm=algorithm)  # None: the built-in rule for this size
         n = WORLD.Get_size()
         if not np.all(buf == n * (n + 1) / 2):
             raise SystemExit(f"rank {RANK}: wrong result in round {i}")
@@ -103,6 +103,6 @@ if __name__ == "__main__":
     elif what == "pids":
         pids(rest[0])
     elif what == "allreduce":
-        allreduce(int(rest[0]), int(rest[1]))
+        allreduce(int(rest[0]), int(rest[1]), rest[2] if len(rest) > 2 else None)
     else:
         raise SystemExit(f"worker: unknown {what!r}")
