@@ -139,6 +139,9 @@ def _emulate(spec: EmulatedCluster, args: argparse.Namespace, command: list[str]
             raise
     finally:
         t1 = time.monotonic()
+        # A second Ctrl-C must not cut the teardown short and leave namespaces behind.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         if proc is not None:
             runner.stop(proc, signal.SIGINT if interrupted is None else interrupted)
         net.teardown()

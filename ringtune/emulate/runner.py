@@ -78,7 +78,7 @@ def _raise_terminated(signum: int, frame: object) -> None:
 def install_signal_handlers() -> dict[int, object]:
     """SIGTERM and SIGHUP raise ``Terminated`` (SIGINT already raises KeyboardInterrupt), so
     that the ``finally`` that tears the cluster down runs on each of them."""
-    old: dict[int, object] = {}
+    old: dict[int, object] = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
     for sig in (signal.SIGTERM, signal.SIGHUP):
         old[sig] = signal.signal(sig, _raise_terminated)
     return old

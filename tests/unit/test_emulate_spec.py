@@ -91,3 +91,18 @@ def test_usage_errors_exit_2() -> None:
                              text=True, timeout=60)
         assert res.returncode == 2 and res.stderr.startswith("ringtune: error: emulate"), (
             argv, res.stderr)
+
+
+def test_without_root_it_exits_77_with_the_reason(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from ringtune import cli
+    from ringtune.emulate import netns
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    code = cli.main(["emulate", "--cluster", str(CLUSTERS / "emulated-2x2.yaml"), "--", "true"])
+    err = capsys.readouterr().err
+    assert code == 77 and "emulate unavailable here: needs root" in err, err
+    if os.path.exists("/run/netns"):  # nothing half-built (this process's run id)
+        assert not [n for n in netns.namespaces() if n.startswith(f"rtemu-{os.getpid()}-")]
