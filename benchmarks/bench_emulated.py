@@ -29,9 +29,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def configs(which: str, size: int, hosts: int, per_host: int,
+def configs(which: str, tiers: list[int],
             profile: str | None) -> list[tuple[str, str | None, dict]]:
-    """(label, algorithm, params) of what is timed."""
+    """(label, algorithm, params) of what is timed; ``tiers``: ranks per host, hosts per
+    rack, racks."""
     if which == "placement":
         return [(f"multiring rings={r} order={o}", "multiring", {"rings": r, "order": o})
                 for r in (1, 2) for o in ("topology", "identity")]
@@ -40,9 +41,10 @@ def configs(which: str, size: int, hosts: int, per_host: int,
         ("multiring rings=1", "multiring", {"rings": 1}),
         ("multiring rings=2", "multiring", {"rings": 2}),
     ]
-    if hosts > 1 and per_host > 1:
-        out.append((f"hierarchical dims=[{per_host},{hosts}]", "hierarchical",
-                    {"dims": [per_host, hosts]}))
+    dims = [d for d in tiers if d > 1]  # DDL's grid: one dimension per tier
+    if len(dims) > 1:
+        out.append((f"hierarchical dims={dims}".replace(" ", ""), "hierarchical",
+                    {"dims": dims}))
     if profile:
         out.append(("tuned profile", None, {}))
     return out
@@ -86,10 +88,11 @@ def main() -> int:
     if not args.no_probe:
         topo = probes.detect(world, measure=True)
         links = topo.links
+        assert links is not None, "probes.detect(measure=True) measured no links"
         bw = np.array([[np.nan if x is None else x for x in row]
-                       for row in links.bandwidth_gbps], float)
+                       for row in links.bandwidth_gbps], dtype=np.float64)
         lat = np.array([[np.nan if x is None else x for x in row]
-                        for row in links.latency_us], float)
+                        for row in links.latency_us], dtype=np.float64)
         off = ~np.eye(n, dtype=bool)
         same = np.array([[host_index[i] == host_index[j] for j in range(n)]
                          for i in range(n)]) & off
@@ -104,8 +107,8 @@ def main() -> int:
         for label, mask in tiers.items():
             if mask.any():
                 b, la = bw[mask], lat[mask]
-                lines.append(f"| {label} | {int(mask.sum())} | {np.median(b):.3f} "
-                             f"({b.min():.3f}-{b.max():.3f}) | {np.median(la):.0f} |")
+                lines.append(f"| {label} | {int(mask.sum())} | {float(np.median(b)):.3f} "
+                             f"({b.min():.3f}-{b.max():.3f}) | {float(np.median(la)):.0f} |")
         result["links"] = {"bandwidth_gbps": bw.tolist(), "latency_us": lat.tolist()}
         models["model (probe-calibrated)"] = Model(calibrate(topo, hosts=host_index))
         models["model (cluster file)"] = Model(load_cluster(args.cluster))
@@ -116,7 +119,8 @@ def main() -> int:
     while s <= args.max_bytes:
         sizes.append(s)
         s *= args.factor
-    cfgs = configs(args.set, 0, spec.hosts, spec.ranks_per_host, args.profile)
+    cfgs = configs(args.set, [spec.ranks_per_host, spec.hosts_per_rack, spec.racks],
+                   args.profile)
     times: dict[tuple[int, str], list[float]] = {}
     chosen: dict[int, str] = {}
     for _ in range(args.repeats):
@@ -130,7 +134,8 @@ def main() -> int:
                 comm.clear_plans()
     hosts = spec.hosts
     uplink = spec.tiers[0].rate_bps / 8
-    head = "| size | bound ms |" + "".join(f" {lbl} ms (% bound, x native) |"
+    ref = "native" if any(lbl == "native" for lbl, _, _ in cfgs) else cfgs[0][0]
+    head = "| size | bound ms |" + "".join(f" {lbl} ms (% bound, x {ref}) |"
                                           for lbl, _, _ in cfgs)
     head += "".join(f" {m} ms |" for m in models)
     lines.append("")
@@ -142,7 +147,7 @@ def main() -> int:
             racks = spec.racks
             bound = max(bound, 2 * (racks - 1) / racks * size / (spec.tiers[1].rate_bps / 8))
         med = {lbl: statistics.median(times[(size, lbl)]) * 1e-6 for lbl, _, _ in cfgs}
-        base = med.get("native", med[cfgs[0][0]])
+        base = med[ref]
         row = f"| {size >> 10} KiB | {bound * 1e3:.1f} |"
         for lbl, _, _ in cfgs:
             row += f" {med[lbl] * 1e3:.1f} ({100 * bound / med[lbl]:.0f}%, " \
