@@ -43,7 +43,7 @@ def configs(which: str, tiers: list[int],
     ]
     dims = [d for d in tiers if d > 1]  # DDL's grid: one dimension per tier
     if len(dims) > 1:
-        out.append((f"hierarchical dims={dims}".replace(" ", ""), "hierarchical",
+        out.append((f"hierarchical dims={dims}".replace(", ", ","), "hierarchical",
                     {"dims": dims}))
     if profile:
         out.append(("tuned profile", None, {}))
