@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ringtune.emulate import netns, runner
-    from ringtune.emulate.spec import load_emulated
+    from ringtune.emulate.spec import HOSTNAME_PREFIX, load_emulated
     from ringtune.errors import UsageError
     from ringtune.launch import find_mpiexec, under_mpiexec
 
@@ -75,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
         if not command:
             raise UsageError("emulate: no command; give one after --, e.g. `ringtune emulate "
                              "--cluster c.yaml -- ringtune probe`")
+    if args.hostname_prefix is not None and not HOSTNAME_PREFIX.match(args.hostname_prefix):
+        raise UsageError(f"emulate --hostname-prefix {args.hostname_prefix!r}: expected "
+                         f"lower-case letters, digits and '-', starting with a letter")
     if under_mpiexec():
         raise UsageError("emulate: run it from a shell, not under mpiexec (it starts its own)")
     spec = None if args.cleanup else load_emulated(args.cluster)  # bad input: exit 2 first
@@ -116,6 +119,7 @@ def _emulate(spec: EmulatedCluster, args: argparse.Namespace, command: list[str]
     t0 = time.monotonic()
     net = netns.Network(spec, run_id, netns.pick_subnet(), args.hostname_prefix)
     proc = None
+    monitor = None
     interrupted: int | None = None
     try:
         net.build()
@@ -139,6 +143,8 @@ def _emulate(spec: EmulatedCluster, args: argparse.Namespace, command: list[str]
             raise
     finally:
         t1 = time.monotonic()
+        if monitor is not None:
+            monitor.stop()
         # A second Ctrl-C must not cut the teardown short and leave namespaces behind.
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)

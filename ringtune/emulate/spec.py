@@ -28,7 +28,7 @@ MAX_RANKS_PER_CORE = 4
 #: Tiers of network an emulation builds: host uplinks, and rack uplinks above them.
 MAX_NETWORK_LEVELS = 2
 _EMULATE_KEYS = {"hostname_prefix", "oversubscribe", "burst_kb"}
-_HOSTNAME = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
+HOSTNAME_PREFIX = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def load_emulated(path: str, cores: int | None = None) -> EmulatedCluster:
         raise ValueError(f"{p}.{extra[0]}: unknown key (allowed: "
                          f"{', '.join(sorted(_EMULATE_KEYS))})")
     prefix = emu.get("hostname_prefix", "host")
-    if not isinstance(prefix, str) or not _HOSTNAME.match(prefix):
+    if not isinstance(prefix, str) or not HOSTNAME_PREFIX.match(prefix):
         raise ValueError(f"{p}.hostname_prefix: expected lower-case letters, digits and '-' "
                          f"starting with a letter, got {prefix!r}")
     over = emu.get("oversubscribe", False)

@@ -86,7 +86,9 @@ def test_oversubscribe_is_an_explicit_choice(tmp_path: Path) -> None:
 def test_usage_errors_exit_2() -> None:
     for argv in (["emulate", "--", "true"], ["emulate", "--cluster",
                                               str(CLUSTERS / "emulated-2x2.yaml")],
-                 ["emulate", "--cleanup", "--", "true"]):
+                 ["emulate", "--cleanup", "--", "true"],
+                 ["emulate", "--cluster", str(CLUSTERS / "emulated-2x2.yaml"),
+                  "--hostname-prefix", "a;b", "--", "true"]):
         res = subprocess.run([sys.executable, "-m", "ringtune.cli", *argv], capture_output=True,
                              text=True, timeout=60)
         assert res.returncode == 2 and res.stderr.startswith("ringtune: error: emulate"), (
