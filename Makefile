@@ -2,7 +2,8 @@
 #   make tune   tune this machine (venv, install, `ringtune tune`) -> profiles/local.yaml
 #   make test   lint, type-check, unit tests, MPI tests at 1..4 ranks, GPU tests (skip w/o GPU),
 #               the GPU code checked against the real CUDA packages (cuda-static), and the
-#               GPU tests on a simulated GPU (gpu-sim)
+#               GPU tests on a simulated GPU (gpu-sim), and multi-host tests on emulated hosts
+#               (emulated; needs root, else skips)
 # Everything is installed from nothing into .venv (Python packages only; MPI is the mpich wheel);
 # cuda-static uses a second environment, .venv-cuda, with the `cuda` extra (~1.2 GB).
 
