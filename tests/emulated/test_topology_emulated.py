@@ -64,15 +64,15 @@ def _crossings(hosts: list[str], nxt: list[list[int]]) -> list[int]:
     return [sum(hosts[r] != hosts[nxt[r][k]] for r in range(len(hosts))) for k in range(rings)]
 
 
-@pytest.mark.parametrize("rings", [1, 2])
-def test_topology_order_crosses_hosts_least_under_round_robin(rings: int) -> None:
-    topo = last_json(emulate("2x2", worker("rings", "topology", str(rings)), "--placement",
-                             "round-robin", timeout=120).stdout)
-    ident = last_json(emulate("2x2", worker("rings", "identity", str(rings)), "--placement",
-                              "round-robin", timeout=120).stdout)
-    assert topo["hosts"] == ["emu0", "emu1", "emu0", "emu1"], topo["hosts"]
-    assert topo["ok"] and ident["ok"]
+def test_topology_order_crosses_hosts_least_under_round_robin() -> None:
+    specs = ["topology:1", "topology:2", "identity:1", "identity:2"]
+    got = last_json(emulate("2x2", worker("rings", *specs), "--placement", "round-robin",
+                            timeout=120).stdout)
+    hosts = got["hosts"]
+    assert hosts == ["emu0", "emu1", "emu0", "emu1"], hosts
+    assert all(got[s]["ok"] for s in specs), got
     # A ring through 2 hosts must leave each host once: 2 crossings is the minimum.
-    assert _crossings(topo["hosts"], topo["next"]) == [2] * rings, topo
+    assert _crossings(hosts, got["topology:1"]["next"]) == [2], got
+    assert _crossings(hosts, got["topology:2"]["next"]) == [2, 2], got
     # The identity ring 0-1-2-3 alternates hosts on every hop.
-    assert _crossings(ident["hosts"], ident["next"])[0] == 4, ident
+    assert _crossings(hosts, got["identity:1"]["next"]) == [4], got

@@ -1,7 +1,7 @@
 """What the ranks run in tests/emulated (``python tests/emulated/worker.py WHAT …`` as the
 command of ``ringtune emulate``); rank 0 prints one JSON line, the tests read it.
 
-- ``rings ORDER RINGS``: the ring successors multiring builds, and each rank's host;
+- ``rings ORDER:RINGS …``: the ring successors multiring builds, and each rank's host;
 - ``fingerprint``: this world's topology fingerprint and host layout;
 - ``profile PATH``: load a profile; whether it was used, the warnings, the error if strict;
 - ``pids DIR``: write this rank's process id to DIR and sleep (teardown tests);
@@ -28,18 +28,23 @@ def out(obj: object) -> None:
         print(json.dumps(obj), flush=True)
 
 
-def rings(order: str, count: int) -> None:
+def rings(specs: list[str]) -> None:
+    """For each ``ORDER:RINGS`` spec, every rank's ring successors as multiring builds them
+    (and a checked allreduce with that plan)."""
     from collectives import Communicator
 
     comm = Communicator(WORLD)
-    buf = np.ones(1 << 12, dtype=np.float32)
-    prep = comm.prepared(buf, algorithm="multiring", rings=count, order=order)
-    succ = [r.nxt for r in prep.algo.schedule.rings]
-    everyone = WORLD.allgather((MPI.Get_processor_name(), succ))
-    comm.allreduce(buf, algorithm="multiring", rings=count, order=order)
-    ok = bool(np.all(buf == WORLD.Get_size()))
+    result: dict[str, object] = {"hosts": WORLD.allgather(MPI.Get_processor_name())}
+    for spec in specs:
+        order, count = spec.split(":")
+        buf = np.ones(1 << 12, dtype=np.float32)
+        prep = comm.prepared(buf, algorithm="multiring", rings=int(count), order=order)
+        succ = [r.nxt for r in prep.algo.schedule.rings]
+        comm.allreduce(buf, algorithm="multiring", rings=int(count), order=order)
+        result[spec] = {"next": WORLD.allgather(succ),
+                        "ok": all(WORLD.allgather(bool(np.all(buf == WORLD.Get_size()))))}
     comm.close()
-    out({"hosts": [h for h, _ in everyone], "next": [s for _, s in everyone], "ok": ok})
+    out(result)
 
 
 def fingerprint() -> None:
@@ -95,7 +100,7 @@ def allreduce(count: int, repeat: int, algorithm: str | None) -> None:
 if __name__ == "__main__":
     what, rest = sys.argv[1], sys.argv[2:]
     if what == "rings":
-        rings(rest[0], int(rest[1]))
+        rings(rest)
     elif what == "fingerprint":
         fingerprint()
     elif what == "profile":
