@@ -10,7 +10,8 @@ ranks when the command fails. Reads ``/proc`` only (no subprocess): cheap at 4 H
 from __future__ import annotations
 
 import os
-import select
+import socket
+import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -51,7 +52,7 @@ class HostMonitor:
     """Start with ``start()`` once the command runs; ``stop()`` before teardown; then
     ``first_lost`` is the host whose processes all ended while another host's still ran."""
 
-    def __init__(self, hosts: Sequence[Host], interval: float = 0.1,
+    def __init__(self, hosts: Sequence[Host], interval: float = 0.05,
                  rescan: float = 0.5) -> None:
         self.hosts = list(hosts)
         self.interval = interval
@@ -73,40 +74,67 @@ class HostMonitor:
             self._thread.join(timeout=2)
 
     def _loop(self) -> None:
-        # One pidfd per known process: poll() wakes the moment any of them exits, before
-        # Hydra (which learns it from a closed socket) has killed the other hosts'.
-        fds: dict[int, tuple[int, int]] = {}  # fd -> (host, pid)
-        poller = select.poll()
+        try:
+            events = _exit_events()
+        except OSError:
+            return  # no proc connector (not root, old kernel): the failure line lists hosts
+        known: list[set[int]] = [set() for _ in self.hosts]
         seen = [False] * len(self.hosts)
+        next_scan = 0.0
         try:
             while not self._stop.is_set():
-                for host, pids in enumerate(pids_by_namespace(self._inodes)):
-                    for pid in pids - {p for _, p in fds.values()}:
-                        try:
-                            fd = os.pidfd_open(pid)
-                        except OSError:
-                            continue
-                        fds[fd] = (host, pid)
-                        poller.register(fd, select.POLLIN)
-                deadline = time.monotonic() + self.rescan
-                while not self._stop.is_set() and time.monotonic() < deadline:
-                    if not poller.poll(self.interval * 1000):
-                        continue
-                    counts = [0] * len(self.hosts)
-                    for _fd, (host, pid) in fds.items():
-                        counts[host] += _alive(pid)
-                    seen = [s or c > 0 for s, c in zip(seen, counts)]
-                    empty = [i for i, c in enumerate(counts) if c == 0]
-                    if all(seen) and empty and len(empty) < len(counts):
+                if time.monotonic() >= next_scan:
+                    # Only ever add: a process leaves ``known`` by its exit event, in the
+                    # kernel's order, however late this thread gets to read it.
+                    for host, pids in enumerate(pids_by_namespace(self._inodes)):
+                        known[host] |= pids
+                    seen = [s or bool(k) for s, k in zip(seen, known)]
+                    next_scan = time.monotonic() + self.rescan
+                for pid in _read_exits(events, self.interval):
+                    for k in known:
+                        k.discard(pid)
+                    empty = [i for i, k in enumerate(known) if not k]
+                    if all(seen) and empty and len(empty) < len(known):
                         self.first_lost = self.hosts[empty[0]]
                         self.lost_at = time.monotonic()
                         return
-                    for fd in [f for f, (_, pid) in fds.items() if not _alive(pid)]:
-                        poller.unregister(fd)
-                        os.close(fd)
-                        del fds[fd]
-                    if not fds:
-                        break
         finally:
-            for fd in fds:
-                os.close(fd)
+            events.close()
+
+
+# -- the kernel's process connector: one event per process exit, queued in order ------------
+
+_NETLINK_CONNECTOR, _CN_IDX_PROC, _CN_VAL_PROC = 11, 1, 1
+_PROC_CN_MCAST_LISTEN, _PROC_EVENT_EXIT = 1, 0x80000000
+
+
+def _exit_events() -> socket.socket:
+    """A netlink socket subscribed to process events (needs CAP_NET_ADMIN: root)."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_CONNECTOR)
+    try:
+        sock.bind((0, _CN_IDX_PROC))
+        op = struct.pack("=I", _PROC_CN_MCAST_LISTEN)
+        cn = struct.pack("=IIIIHH", _CN_IDX_PROC, _CN_VAL_PROC, 0, 0, len(op), 0) + op
+        sock.send(struct.pack("=IHHII", 16 + len(cn), 3, 0, 0, os.getpid()) + cn)  # NLMSG_DONE
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _read_exits(sock: socket.socket, timeout: float) -> list[int]:
+    """Process ids (thread-group leaders) that exited, in order; waits up to ``timeout``."""
+    sock.settimeout(timeout)
+    out = []
+    try:
+        while True:
+            data = sock.recv(65536)
+            sock.settimeout(0)  # drain what is queued, then return
+            # nlmsghdr (16) + cn_msg (20) + proc_event: what, cpu, timestamp, pid, tgid, …
+            if len(data) >= 16 + 20 + 24:
+                what, _cpu, _ts, pid, tgid = struct.unpack_from("=IIQII", data, 36)
+                if what == _PROC_EVENT_EXIT and pid == tgid:
+                    out.append(pid)
+    except (TimeoutError, BlockingIOError, InterruptedError):
+        pass
+    return out

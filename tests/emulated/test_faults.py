@@ -81,7 +81,10 @@ def test_ranks_killed_mid_allreduce(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
     code, _ = job.end()
     assert code != 0
-    assert "RUNNING AT emu1" in job.out.read_text(), job.output()  # Hydra's message
+    # Hydra's message names the host where a rank died; when Hydra's proxy there ended too,
+    # the host is empty and emulate's own failure line names it.
+    assert ("RUNNING AT emu1" in job.out.read_text()
+            or "host emu1 (10." in job.err.read_text()), job.output()
 
 
 def test_link_down_mid_allreduce_ends_by_the_stall_watchdog(tmp_path: Path) -> None:
@@ -131,7 +134,9 @@ def test_tune_killed_mid_trial_resumes_losing_at_most_that_trial(tmp_path: Path)
     killed = _trials(storage)
     done = {k: v for k, v in killed.items() if v[0] == "COMPLETE"}
     assert len(done) >= 2
-    assert sum(s not in ("COMPLETE", "PRUNED") for s, _ in killed.values()) <= 1, killed
+    # Lost: the trial in flight (RUNNING, or FAIL if it was being recorded). WAITING trials
+    # are queued configurations not yet started: nothing of them is lost.
+    assert sum(s in ("RUNNING", "FAIL") for s, _ in killed.values()) <= 1, killed
 
     res = subprocess.run(emulate_cmd("2x2", tune), cwd=ROOT, capture_output=True, text=True,
                          timeout=240)
