@@ -169,7 +169,7 @@ def _explain_failure(net: Any, placement: str, code: int, monitor: Any) -> None:
     lost = monitor.first_lost
     if lost is not None:
         where = (f"host {lost.hostname} ({lost.address}, ranks "
-                 f"{', '.join(map(str, ranks[lost.index]))}) lost all its processes first")
+                 f"{', '.join(map(str, ranks[lost.index]))}): a rank there ended first")
     else:
         where = "ranks by host: " + "; ".join(
             f"{h.hostname} {', '.join(map(str, ranks[h.index]))}" for h in net.hosts)

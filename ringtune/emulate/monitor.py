@@ -1,14 +1,17 @@
-"""Which emulated host failed first: a thread that counts the processes of each host's
-namespace while the command runs.
+"""Which emulated host failed first: a thread that watches each host's rank processes
+while the command runs.
 
-When one host's processes all vanish while the others' still run (its ranks were killed, the
-host "crashed"), Hydra's message may name no host at all (when the proxy died too). The
-monitor remembers which host emptied first, so ``ringtune emulate`` can name it and its
-ranks when the command fails. Reads ``/proc`` only (no subprocess): cheap at 4 Hz.
+When a host's ranks are killed (the host "crashed") or one of them fails, neither Hydra's
+message nor MPI's names the host reliably. The monitor remembers on which host a rank
+process ended first, so ``ringtune emulate`` can name that host and its ranks when the
+command fails. A scan of ``/proc`` every ``rescan`` seconds finds the hosts' processes; the
+kernel's process connector (netlink) queues every exit in order, so the first is known
+even when this thread gets a core only after Hydra has killed the other hosts.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -32,8 +35,21 @@ def _alive(pid: int) -> bool:
         return False
 
 
+#: Hydra's own processes: they outlive a host's ranks (and so do not tell that the ranks died).
+_LAUNCHERS = {b"hydra_pmi_proxy", b"mpiexec", b"mpiexec.hydra"}
+
+
+def _launcher(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().strip() in _LAUNCHERS
+    except OSError:
+        return False  # gone: its exit event removes it
+
+
 def pids_by_namespace(inodes: dict[int, int]) -> list[set[int]]:
-    """Process ids per host index, for namespace inode -> host index ``inodes``."""
+    """Process ids per host index, for namespace inode -> host index ``inodes``: the
+    command's processes (the ranks and what they started), not Hydra's."""
     found: list[set[int]] = [set() for _ in inodes]
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -43,17 +59,17 @@ def pids_by_namespace(inodes: dict[int, int]) -> list[set[int]]:
         except OSError:
             continue  # gone, or not ours to read
         host = inodes.get(ino)
-        if host is not None and _alive(int(entry)):
+        if host is not None and _alive(int(entry)) and not _launcher(int(entry)):
             found[host].add(int(entry))
     return found
 
 
 class HostMonitor:
     """Start with ``start()`` once the command runs; ``stop()`` before teardown; then
-    ``first_lost`` is the host whose processes all ended while another host's still ran."""
+    ``first_lost`` is the host where a rank process ended first (``None``: none ended)."""
 
     def __init__(self, hosts: Sequence[Host], interval: float = 0.05,
-                 rescan: float = 0.5) -> None:
+                 rescan: float = 0.2) -> None:
         self.hosts = list(hosts)
         self.interval = interval
         self.rescan = rescan
@@ -82,22 +98,29 @@ class HostMonitor:
         seen = [False] * len(self.hosts)
         next_scan = 0.0
         try:
-            while not self._stop.is_set():
-                if time.monotonic() >= next_scan:
-                    # Only ever add: a process leaves ``known`` by its exit event, in the
-                    # kernel's order, however late this thread gets to read it.
-                    for host, pids in enumerate(pids_by_namespace(self._inodes)):
-                        known[host] |= pids
+            while True:
+                # Once stopped, read what is queued one last time: the job may have ended
+                # while this thread was scanning, with the decisive exits still unread.
+                last = self._stop.is_set()
+                if not last and time.monotonic() >= next_scan:
+                    # Exits are read in the kernel's order, however late this thread runs.
+                    for i, pids in enumerate(pids_by_namespace(self._inodes)):
+                        # A launcher seen mid-exec (``ip netns exec`` becoming Hydra's proxy)
+                        # was taken for a rank: drop it now that it shows what it is.
+                        known[i] = {p for p in known[i] if not _launcher(p)} | pids
                     seen = [s or bool(k) for s, k in zip(seen, known)]
                     next_scan = time.monotonic() + self.rescan
-                for pid in _read_exits(events, self.interval):
-                    for k in known:
-                        k.discard(pid)
-                    empty = [i for i, k in enumerate(known) if not k]
-                    if all(seen) and empty and len(empty) < len(known):
-                        self.first_lost = self.hosts[empty[0]]
+                for pid in _read_exits(events, 0.0 if last else self.interval):
+                    host = next((i for i, k in enumerate(known) if pid in k), None)
+                    if host is not None and all(seen):
+                        # The first rank to end: a killed host's (a SIGKILLed process may
+                        # take a while to finish exiting, so "all ended" would come late),
+                        # or the rank that failed and made Hydra end the others.
+                        self.first_lost = self.hosts[host]
                         self.lost_at = time.monotonic()
                         return
+                if last:
+                    return
         finally:
             events.close()
 
@@ -112,6 +135,12 @@ def _exit_events() -> socket.socket:
     """A netlink socket subscribed to process events (needs CAP_NET_ADMIN: root)."""
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_CONNECTOR)
     try:
+        # Every process event of the machine arrives here (forks and execs of other work
+        # too): a large buffer, so a busy machine does not overflow it before we read.
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, 33, 16 << 20)  # SO_RCVBUFFORCE (root)
+        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
         sock.bind((0, _CN_IDX_PROC))
         op = struct.pack("=I", _PROC_CN_MCAST_LISTEN)
         cn = struct.pack("=IIIIHH", _CN_IDX_PROC, _CN_VAL_PROC, 0, 0, len(op), 0) + op
@@ -124,7 +153,7 @@ def _exit_events() -> socket.socket:
 
 def _read_exits(sock: socket.socket, timeout: float) -> list[int]:
     """Process ids (thread-group leaders) that exited, in order; waits up to ``timeout``."""
-    sock.settimeout(timeout)
+    sock.settimeout(timeout if timeout > 0 else 0)
     out = []
     try:
         while True:
@@ -137,4 +166,8 @@ def _read_exits(sock: socket.socket, timeout: float) -> list[int]:
                     out.append(pid)
     except (TimeoutError, BlockingIOError, InterruptedError):
         pass
+    except OSError as exc:
+        if exc.errno != errno.ENOBUFS:
+            raise
+        # Events were dropped: the order is no longer known for sure, keep reading.
     return out

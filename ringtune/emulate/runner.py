@@ -28,7 +28,7 @@ case "$host" in
 {cases}
 *) echo "ringtune emulate shim: unknown host $host" >&2; exit 255 ;;
 esac
-exec ip netns exec "$ns" unshare -u sh -c 'hostname "$0" && exec sh -c "$1"' "$name" "$*"
+exec ip netns exec "$ns" unshare -u sh -c 'hostname "$0" && exec sh -c "exec $1"' "$name" "$*"
 """
 
 
