@@ -35,21 +35,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
-#: Hydra's own processes: they outlive a host's ranks (and so do not tell that the ranks died).
-_LAUNCHERS = {b"hydra_pmi_proxy", b"mpiexec", b"mpiexec.hydra"}
-
-
-def _launcher(pid: int) -> bool:
+def _is_rank(pid: int) -> bool:
+    """A rank: a process Hydra's proxy started (not the proxy, not what a rank started)."""
     try:
-        with open(f"/proc/{pid}/comm", "rb") as f:
-            return f.read().strip() in _LAUNCHERS
-    except OSError:
-        return False  # gone: its exit event removes it
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        with open(f"/proc/{ppid}/comm", "rb") as f:
+            return f.read().strip() == b"hydra_pmi_proxy"
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 def pids_by_namespace(inodes: dict[int, int]) -> list[set[int]]:
-    """Process ids per host index, for namespace inode -> host index ``inodes``: the
-    command's processes (the ranks and what they started), not Hydra's."""
+    """The ranks' process ids per host index, for namespace inode -> host index
+    ``inodes``."""
     found: list[set[int]] = [set() for _ in inodes]
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -59,7 +58,7 @@ def pids_by_namespace(inodes: dict[int, int]) -> list[set[int]]:
         except OSError:
             continue  # gone, or not ours to read
         host = inodes.get(ino)
-        if host is not None and _alive(int(entry)) and not _launcher(int(entry)):
+        if host is not None and _alive(int(entry)) and _is_rank(int(entry)):
             found[host].add(int(entry))
     return found
 
@@ -105,9 +104,7 @@ class HostMonitor:
                 if not last and time.monotonic() >= next_scan:
                     # Exits are read in the kernel's order, however late this thread runs.
                     for i, pids in enumerate(pids_by_namespace(self._inodes)):
-                        # A launcher seen mid-exec (``ip netns exec`` becoming Hydra's proxy)
-                        # was taken for a rank: drop it now that it shows what it is.
-                        known[i] = {p for p in known[i] if not _launcher(p)} | pids
+                        known[i] |= pids
                     seen = [s or bool(k) for s, k in zip(seen, known)]
                     next_scan = time.monotonic() + self.rescan
                 for pid in _read_exits(events, 0.0 if last else self.interval):
