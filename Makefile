@@ -2,7 +2,8 @@
 #   make tune   tune this machine (venv, install, `ringtune tune`) -> profiles/local.yaml
 #   make test   lint, type-check, unit tests, MPI tests at 1..4 ranks, GPU tests (skip w/o GPU),
 #               the GPU code checked against the real CUDA packages (cuda-static), and the
-#               GPU tests on a simulated GPU (gpu-sim), and the PyTorch tests (torch-test)
+#               GPU tests on a simulated GPU (gpu-sim), the PyTorch tests (torch-test), and
+#               multi-host tests on emulated hosts (emulated; needs root, else skips)
 # Everything is installed from nothing into .venv (Python packages only; MPI is the mpich wheel);
 # cuda-static uses a second environment, .venv-cuda, with the `cuda` extra (~1.2 GB);
 # torch-test a third, .venv-torch, with the `torch` extra (torch's wheels, several GB).
@@ -20,7 +21,7 @@ CUDA_PY := $(CUDA_VENV)/bin/python
 TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
-.PHONY: all install test lint unit mpi gpu cuda-static gpu-sim torch-test tune bench clean
+.PHONY: all install test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean
 
 all: test
 
@@ -97,8 +98,15 @@ torch-test: $(TORCH_VENV)/.installed
 	    $(TORCH_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/torch; \
 	done
 
+# Multi-host tests: `ringtune emulate` builds hosts from network namespaces with shaped links
+# (profiles/clusters/emulated-*.yaml); the contract suite on 2x2 and 3x1, probe, fingerprint,
+# ring placement, teardown and faults. Skips with the reason without root or namespaces.
+EMULATED_TIMEOUT ?= 600
+emulated: install
+	timeout $(EMULATED_TIMEOUT) $(PY) -m pytest -q -p no:cacheprovider -rs tests/emulated
+
 # GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
-test: lint gpu unit cuda-static gpu-sim torch-test mpi
+test: lint gpu unit cuda-static gpu-sim torch-test mpi emulated
 
 tune: install
 	$(VENV)/bin/ringtune tune --out profiles/local.yaml

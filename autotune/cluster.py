@@ -30,7 +30,8 @@ from typing import Any
 _LEVEL_KEYS = {"name", "size", "bandwidth_gbs", "latency_us", "links_per_rank", "shared",
                "source"}
 _CLUSTER_KEYS = {"name", "description", "ranks", "ranks_per_host", "levels", "memory_gbs",
-                 "overhead_us", "sources", "notes"}
+                 "overhead_us", "sources", "notes",
+                 "emulate"}  # read by `ringtune emulate` (ringtune/emulate/spec.py)
 _WORKLOAD_KEYS = {"name", "description", "gradient_bytes", "compute_seconds", "overlap",
                   "sources", "notes", "tensor_bytes"}
 

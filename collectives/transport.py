@@ -93,6 +93,27 @@ class _MpiPending(Pending):
             self._waitall(self.recv_reqs)
 
 
+class _WatchedPending(_MpiPending):
+    """``_MpiPending`` whose waits give up after ``RINGTUNE_STALL_TIMEOUT`` without progress
+    (collectives/stall.py); used only when that variable is set."""
+
+    __slots__ = ("peers",)
+
+    def __init__(self, recv_reqs: list[Any], send_reqs: list[Any], waitall: Any,
+                 peers: tuple[list[int], list[int]]) -> None:
+        super().__init__(recv_reqs, send_reqs, waitall)
+        self.peers = peers
+
+    def wait(self) -> None:
+        self.wait_recv()
+        if self.send_reqs:
+            self._waitall(self.send_reqs, self.peers[1])
+
+    def wait_recv(self) -> None:
+        if self.recv_reqs:
+            self._waitall(self.recv_reqs, self.peers[0])
+
+
 def mpi_op(op: str) -> Any:
     """The ``MPI.Op`` for a reduction op name (``avg`` reduces with SUM, then divides)."""
     from mpi4py import MPI
@@ -148,6 +169,10 @@ class MpiTransport(Transport):
         self._isend = comm.Isend
         self._irecv = comm.Irecv
         self._waitall = MPI.Request.Waitall
+        from .stall import stall_timeout, watched_waitall
+
+        timeout = stall_timeout()
+        self._watched = watched_waitall(timeout, comm) if timeout else None
 
     def start(
         self,
@@ -161,6 +186,9 @@ class MpiTransport(Transport):
         byte = self._byte
         rreqs = [self._irecv([a, byte], src, tag) for a, src, tag in recvs]
         sreqs = [self._isend([a, byte], dst, tag) for a, dst, tag in sends]
+        if self._watched is not None:
+            return _WatchedPending(rreqs, sreqs, self._watched,
+                                   ([s for _, s, _ in recvs], [d for _, d, _ in sends]))
         return _MpiPending(rreqs, sreqs, self._waitall)
 
     def native_allreduce(self, buf: Any, op: str) -> None:
@@ -175,6 +203,9 @@ class MpiTransport(Transport):
             return
         if self.backend.on_gpu:
             self.backend.synchronize()
+        if self._watched is not None:
+            self._watched([self.comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op(op))], [-1])
+            return
         self.comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op(op))
 
     def sub(self, comm: Any) -> Transport:

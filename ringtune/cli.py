@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "validate": "ringtune.commands.validate",
     "simulate": "ringtune.commands.simulate",
     "export": "ringtune.commands.export",
+    "emulate": "ringtune.commands.emulate",
 }
 
 

@@ -1,0 +1,202 @@
+"""Allreduce on an emulated cluster: measured side by side, against the link bound and the
+cost model (calibrated from the probe's link matrix, and from the cluster file).
+
+Run across emulated hosts (2 x 2 at 1 Gbit/s here)::
+
+    ringtune emulate --cluster profiles/clusters/emulated-2x2.yaml -- \\
+        python benchmarks/bench_emulated.py --cluster profiles/clusters/emulated-2x2.yaml \\
+        --profile p.yaml
+
+First ``probes.detect(measure=True)``: the link matrix, summarised per tier (pairs on one
+host, pairs across hosts); ``autotune.calibrate`` turns it into the model's cluster. Then
+every configuration is timed at each size with the benchmark harness (slowest rank, median
+of the timed iterations), configurations interleaved within a repeat and the median taken
+over repeats (the machine is shared). Rank 0 prints Markdown: per size the bound
+``2(H-1)/H x S / uplink`` (each host must send that much out of its uplink; S for 2 hosts),
+each configuration's time, % of the bound and its ratio to ``native``, and the model's
+predictions. ``--set placement`` times multiring ``order: topology`` vs ``identity``
+instead (run it with ``--placement round-robin`` and with the default block placement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def configs(which: str, tiers: list[int],
+            profile: str | None) -> list[tuple[str, str | None, dict]]:
+    """(label, algorithm, params) of what is timed; ``tiers``: ranks per host, hosts per
+    rack, racks."""
+    if which == "placement":
+        return [(f"multiring rings={r} order={o}", "multiring", {"rings": r, "order": o})
+                for r in (1, 2) for o in ("topology", "identity")]
+    out: list[tuple[str, str | None, dict]] = [
+        ("native", "native", {}),
+        ("multiring rings=1", "multiring", {"rings": 1}),
+        ("multiring rings=2", "multiring", {"rings": 2}),
+    ]
+    dims = [d for d in tiers if d > 1]  # DDL's grid: one dimension per tier
+    if len(dims) > 1:
+        out.append((f"hierarchical dims={dims}".replace(", ", ","), "hierarchical",
+                    {"dims": dims}))
+    if profile:
+        out.append(("tuned profile", None, {}))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cluster", required=True, help="the emulated cluster's file")
+    ap.add_argument("--profile", help="a tuned profile to time as well")
+    ap.add_argument("--set", choices=("algorithms", "placement"), default="algorithms")
+    ap.add_argument("--min-bytes", type=int, default=64 << 10)
+    ap.add_argument("--max-bytes", type=int, default=64 << 20)
+    ap.add_argument("--factor", type=int, default=4)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-probe", action="store_true", help="skip the link matrix and model")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args()
+
+    import numpy as np
+    from mpi4py import MPI
+
+    import probes
+    from autotune.calibrate import calibrate
+    from autotune.cluster import load_cluster
+    from autotune.model import Model
+    from collectives import Communicator
+    from collectives.bench import time_allreduce
+    from ringtune.emulate.spec import load_emulated
+
+    world = MPI.COMM_WORLD
+    rank, n = world.Get_rank(), world.Get_size()
+    spec = load_emulated(args.cluster)
+    hosts_of = world.allgather(MPI.Get_processor_name())
+    names = sorted(set(hosts_of))
+    host_index = [names.index(h) for h in hosts_of]
+    lines: list[str] = []
+    result: dict = {"cluster": spec.describe(), "hosts": hosts_of, "rows": []}
+
+    models: dict[str, Model] = {}
+    if not args.no_probe:
+        topo = probes.detect(world, measure=True)
+        links = topo.links
+        assert links is not None, "probes.detect(measure=True) measured no links"
+        bw = np.array([[np.nan if x is None else x for x in row]
+                       for row in links.bandwidth_gbps], dtype=np.float64)
+        lat = np.array([[np.nan if x is None else x for x in row]
+                        for row in links.latency_us], dtype=np.float64)
+        off = ~np.eye(n, dtype=bool)
+        same = np.array([[host_index[i] == host_index[j] for j in range(n)]
+                         for i in range(n)]) & off
+        tiers = {"same host": same, "across hosts": off & ~same}
+        if spec.racks > 1:
+            rack = [host_index[r] // spec.hosts_per_rack for r in range(n)]
+            cross_rack = np.array([[rack[i] != rack[j] for j in range(n)] for i in range(n)])
+            tiers = {"same host": same, "same rack": off & ~same & ~cross_rack,
+                     "across racks": cross_rack}
+        lines.append("| pairs | n | bandwidth GB/s (median, min-max) | latency us (median) |")
+        lines.append("|---|---|---|---|")
+        for label, mask in tiers.items():
+            if mask.any():
+                b, la = bw[mask], lat[mask]
+                lines.append(f"| {label} | {int(mask.sum())} | {float(np.median(b)):.3f} "
+                             f"({b.min():.3f}-{b.max():.3f}) | {float(np.median(la)):.0f} |")
+        result["links"] = {"bandwidth_gbps": bw.tolist(), "latency_us": lat.tolist()}
+        models["model (probe-calibrated)"] = Model(calibrate(topo, hosts=host_index))
+        models["model (cluster file)"] = Model(load_cluster(args.cluster))
+
+    comm = Communicator(world, profile=args.profile) if args.profile else Communicator(world)
+    sizes = []
+    s = args.min_bytes
+    while s <= args.max_bytes:
+        sizes.append(s)
+        s *= args.factor
+    cfgs = configs(args.set, [spec.ranks_per_host, spec.hosts_per_rack, spec.racks],
+                   args.profile)
+    times: dict[tuple[int, str], list[float]] = {}
+    chosen: dict[int, str] = {}
+    for _ in range(args.repeats):
+        for size in sizes:
+            for label, algo, params in cfgs:
+                m = time_allreduce(comm, size // 4, "float32", "sum", algo, params,
+                                   warmup=1, iters=args.iters)
+                times.setdefault((size, label), []).append(m.time_us)
+                if algo is None:
+                    chosen[size] = f"{m.algorithm} {m.params}"
+                comm.clear_plans()
+    hosts = spec.hosts
+    uplink = spec.tiers[0].rate_bps / 8
+    ref = "native" if any(lbl == "native" for lbl, _, _ in cfgs) else cfgs[0][0]
+    head = "| size | bound ms |" + "".join(f" {lbl} ms (% bound, x {ref}) |"
+                                          for lbl, _, _ in cfgs)
+    head += "".join(f" {m} ms |" for m in models)
+    lines.append("")
+    lines.append(head)
+    lines.append("|" + "---|" * (2 + len(cfgs) + len(models)))
+    for size in sizes:
+        bound = 2 * (hosts - 1) / hosts * size / uplink
+        if len(spec.tiers) > 1:
+            racks = spec.racks
+            bound = max(bound, 2 * (racks - 1) / racks * size / (spec.tiers[1].rate_bps / 8))
+        med = {lbl: statistics.median(times[(size, lbl)]) * 1e-6 for lbl, _, _ in cfgs}
+        base = med[ref]
+        row = f"| {size >> 10} KiB | {bound * 1e3:.1f} |"
+        for lbl, _, _ in cfgs:
+            row += f" {med[lbl] * 1e3:.1f} ({100 * bound / med[lbl]:.0f}%, " \
+                   f"{base / med[lbl]:.2f}x) |"
+        preds = {}
+        for mname, model in models.items():
+            best = None
+            for lbl, algo, params in cfgs:
+                if algo is None:
+                    continue
+                t = float(model.time(algo, params, [size])[0])
+                preds[f"{mname}: {lbl}"] = t
+                best = t if best is None else min(best, t)
+            row += f" {best * 1e3:.1f} |" if best is not None else " - |"
+        lines.append(row)
+        result["rows"].append({"bytes": size, "bound_s": bound, "measured_s": med,
+                               "samples_us": {lbl: times[(size, lbl)] for lbl, _, _ in cfgs},
+                               "predicted_s": preds, "profile_choice": chosen.get(size)})
+    if models:
+        lines.append("")
+        lines.append("Predicted / measured per configuration:")
+        lines.append("")
+        lines.append("| size | configuration | measured ms |" + "".join(
+            f" {m} ms (ratio) |" for m in models))
+        lines.append("|---|---|---|" + "---|" * len(models))
+        for r in result["rows"]:
+            for lbl, algo, _ in cfgs:
+                if algo is None:
+                    continue
+                meas = r["measured_s"][lbl]
+                cells = "".join(
+                    f" {r['predicted_s'][f'{m}: {lbl}'] * 1e3:.1f} "
+                    f"({r['predicted_s'][f'{m}: {lbl}'] / meas:.2f}) |" for m in models)
+                lines.append(f"| {r['bytes'] >> 10} KiB | {lbl} | {meas * 1e3:.1f} |{cells}")
+    if chosen:
+        lines.append("")
+        lines.append("Tuned profile's choice: " + "; ".join(
+            f"{k >> 10} KiB: {v}" for k, v in sorted(chosen.items())))
+    comm.close()
+    if rank == 0:
+        print(f"# {spec.describe()}; ranks on hosts {hosts_of}; medians of {args.repeats} "
+              f"repeats x {args.iters} iterations")
+        print("\n".join(lines), flush=True)
+        if args.json:
+            from collectives.atomic import write_text_atomic
+
+            write_text_atomic(args.json, json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""ringtune emulate — run a command across a cluster emulated on this machine.
+
+Each host of the cluster file (the ``profiles/clusters/`` format that ``ringtune simulate``
+reads) becomes a network namespace with its own hostname and address, joined through a
+switch namespace (two tiers of switches with racks) by veth pairs whose rate is shaped with
+``tc tbf``; COMMAND then runs as the MPI ranks, as ``mpiexec -hosts … COMMAND`` would run it,
+and its exit status is this command's. Everything is removed on exit, failure, Ctrl-C or
+SIGTERM. Needs root; where namespaces cannot be built it exits 77 with the reason.
+
+  ringtune emulate --cluster profiles/clusters/emulated-2x2.yaml -- ringtune tune --out p.yaml
+  ringtune emulate --cluster profiles/clusters/emulated-2x2.yaml --placement round-robin \\
+      -- ringtune bench -b 1M -e 16M
+  ringtune emulate --cleanup         # remove what a killed earlier run left behind
+
+One run at a time per machine (a lock); leftovers of a killed run are removed by the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ringtune.emulate.spec import EmulatedCluster
+
+HELP = "run a command across emulated hosts with shaped links (network namespaces)"
+
+#: Exit status when this machine cannot emulate (not root, no namespaces): a test skips.
+EXIT_UNAVAILABLE = 77
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", metavar="FILE",
+                   help="cluster description (YAML, see profiles/clusters/emulated-*.yaml)")
+    p.add_argument("--placement", choices=("block", "round-robin"), default="block",
+                   help="ranks 0..k-1 on the first host (block, default) or rank r on host "
+                        "r mod hosts (round-robin, as mpiexec -ppn 1 cycling)")
+    p.add_argument("--hostname-prefix", metavar="P",
+                   help="name the hosts P0, P1, … (default: the file's emulate."
+                        "hostname_prefix, else 'host')")
+    p.add_argument("--cleanup", action="store_true",
+                   help="only remove namespaces and files left by earlier runs, then exit")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no set-up/teardown lines on stderr")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                   help="what to run as the ranks (after --)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ringtune.emulate import netns, runner
+    from ringtune.emulate.spec import HOSTNAME_PREFIX, load_emulated
+    from ringtune.errors import UsageError
+    from ringtune.launch import find_mpiexec, under_mpiexec
+
+    def say(text: str) -> None:
+        if not args.quiet:
+            print(f"ringtune emulate: {text}", file=sys.stderr, flush=True)
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if args.cleanup:
+        if command or args.cluster:
+            raise UsageError("emulate --cleanup takes no --cluster and no command")
+    else:
+        if not args.cluster:
+            raise UsageError("emulate: --cluster FILE is required (see profiles/clusters/"
+                             "emulated-2x2.yaml)")
+        if not command:
+            raise UsageError("emulate: no command; give one after --, e.g. `ringtune emulate "
+                             "--cluster c.yaml -- ringtune probe`")
+    if args.hostname_prefix is not None and not HOSTNAME_PREFIX.match(args.hostname_prefix):
+        raise UsageError(f"emulate --hostname-prefix {args.hostname_prefix!r}: expected "
+                         f"lower-case letters, digits and '-', starting with a letter")
+    if under_mpiexec():
+        raise UsageError("emulate: run it from a shell, not under mpiexec (it starts its own)")
+    spec = None if args.cleanup else load_emulated(args.cluster)  # bad input: exit 2 first
+    try:
+        netns.preflight()
+    except netns.EmulationUnavailable as exc:
+        print(f"ringtune: emulate unavailable here: {exc}", file=sys.stderr, flush=True)
+        return EXIT_UNAVAILABLE
+    mpiexec = "" if args.cleanup else find_mpiexec()
+
+    old = runner.install_signal_handlers()
+    try:
+        with netns.run_lock():
+            left = netns.cleanup_leftovers()
+            if left:
+                say(f"removed {len(left)} namespace(s) left by an earlier run "
+                    f"({', '.join(left)})")
+            if spec is None:
+                if not left:
+                    say("nothing to clean up")
+                return 0
+            return _emulate(spec, args, command, mpiexec, say, os.getpid())
+    except KeyboardInterrupt:
+        say("interrupted; the emulated cluster is removed")
+        return 130
+    except runner.Terminated as exc:
+        say(f"{exc}; the emulated cluster is removed")
+        return 128 + exc.signum
+    finally:
+        runner.restore_signal_handlers(old)
+
+
+def _emulate(spec: EmulatedCluster, args: argparse.Namespace, command: list[str],
+             mpiexec: str, say: Callable[[str], None], run_id: int) -> int:
+    """Build, run, tear down; the command's exit status."""
+    from ringtune.emulate import netns, runner
+    from ringtune.emulate.monitor import HostMonitor
+
+    t0 = time.monotonic()
+    net = netns.Network(spec, run_id, netns.pick_subnet(), args.hostname_prefix)
+    proc = None
+    monitor = None
+    interrupted: int | None = None
+    try:
+        net.build()
+        say(f"{spec.describe()}; hosts "
+            f"{', '.join(f'{h.hostname}={h.address}' for h in net.hosts)}; "
+            f"set up in {runner.elapsed(t0)}")
+        proc, _ = runner.run_command(net, mpiexec, command, args.placement, not args.quiet)
+        monitor = HostMonitor(net.hosts)
+        monitor.start()
+        try:
+            code = runner.wait(proc)
+            monitor.stop()
+            if code != 0:
+                _explain_failure(net, args.placement, code, monitor)
+            return code
+        except KeyboardInterrupt:
+            interrupted = signal.SIGINT
+            raise
+        except runner.Terminated as exc:
+            interrupted = exc.signum
+            raise
+    finally:
+        t1 = time.monotonic()
+        if monitor is not None:
+            monitor.stop()
+        # A second Ctrl-C must not cut the teardown short and leave namespaces behind.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        if proc is not None:
+            runner.stop(proc, signal.SIGINT if interrupted is None else interrupted)
+        net.teardown()
+        shutil.rmtree(os.path.join(netns.STATE_DIR, str(run_id)), ignore_errors=True)
+        say(f"torn down in {runner.elapsed(t1)}")
+
+
+def host_ranks(hosts: int, per_host: int, placement: str) -> list[list[int]]:
+    """The ranks of each host for ``placement`` (how ``runner`` lays them out)."""
+    n = hosts * per_host
+    if placement == "round-robin":
+        return [list(range(h, n, hosts)) for h in range(hosts)]
+    return [list(range(h * per_host, (h + 1) * per_host)) for h in range(hosts)]
+
+
+def _explain_failure(net: Any, placement: str, code: int, monitor: Any) -> None:
+    """One line on stderr naming the host (and its ranks) that failed first, when known."""
+    ranks = host_ranks(net.spec.hosts, net.spec.ranks_per_host, placement)
+    lost = monitor.first_lost
+    if lost is not None:
+        where = (f"host {lost.hostname} ({lost.address}, ranks "
+                 f"{', '.join(map(str, ranks[lost.index]))}): a rank there ended first")
+    else:
+        where = "ranks by host: " + "; ".join(
+            f"{h.hostname} {', '.join(map(str, ranks[h.index]))}" for h in net.hosts)
+    print(f"ringtune emulate: the command failed (exit status {code}); {where}",
+          file=sys.stderr, flush=True)

@@ -1,0 +1,272 @@
+"""Build and remove an emulated cluster's network: namespaces, veth pairs, bridges, shaping.
+
+Use ``Network(spec, run_id).build()`` inside ``run_lock()`` and always ``teardown()`` (it is
+idempotent and removes whatever part was built). Layout, every name prefixed
+``rtemu-<run_id>-`` so that nothing collides with namespaces of anyone else:
+
+- ``h<i>``: one namespace per host, its ``eth0`` the host's uplink (address ``10.<n>.0.<i+1>``
+  in a /16 that no interface on the machine uses);
+- ``sw<r>``: the switch of rack ``r`` (one switch when there are no racks), a bridge with
+  one port per host; ``core``: with racks, the switch joining the rack uplinks.
+
+Every uplink is shaped in both directions with ``tc … tbf`` (egress on each end of the veth
+pair); netem is not assumed (this machine's kernel lacks it), so latency is the veth's own.
+All veths live inside the namespaces: deleting the namespaces removes them.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from ringtune.errors import CommandFailed
+
+from .spec import EmulatedCluster
+
+PREFIX = "rtemu"
+#: Lock file and per-run files (shim, hostfile); /run is a tmpfs, gone at reboot like netns.
+STATE_DIR = "/run/ringtune-emulate"
+#: ``ip netns exec NS`` bind-mounts ``/etc/netns/NS/hosts`` over ``/etc/hosts``: every host
+#: resolves every other's hostname (Hydra and its messages then use hostnames).
+ETC_NETNS = "/etc/netns"
+_OURS = re.compile(rf"^{PREFIX}-(\d+)-")
+_TOOLS = ("ip", "tc", "unshare")
+
+
+class EmulationUnavailable(Exception):
+    """This machine cannot emulate (not root, no netns, missing tools): skip, with the
+    reason."""
+
+
+def preflight() -> None:
+    """``EmulationUnavailable`` naming the reason when namespaces cannot be built here."""
+    if os.geteuid() != 0:
+        raise EmulationUnavailable("needs root (network namespaces and tc); run as root")
+    missing = [t for t in _TOOLS if shutil.which(t) is None]
+    if missing:
+        raise EmulationUnavailable(f"{', '.join(missing)} not found (install iproute2 and "
+                                   f"util-linux)")
+    if not os.path.exists("/proc/self/ns/net") or not os.path.exists("/proc/self/ns/uts"):
+        raise EmulationUnavailable("the kernel has no network/UTS namespaces")
+    probe = _run(["ip", "netns", "list"], check=False)
+    if probe.returncode != 0:
+        raise EmulationUnavailable(f"`ip netns` fails: {probe.stderr.strip()}")
+
+
+def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
+    if check and res.returncode != 0:
+        raise CommandFailed(f"emulate: `{' '.join(cmd)}` failed: "
+                            f"{(res.stderr or res.stdout).strip()}")
+    return res
+
+
+def namespaces() -> list[str]:
+    """Every network namespace on the machine, by name."""
+    out = _run(["ip", "netns", "list"]).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def ours(names: Sequence[str] | None = None) -> list[str]:
+    """The namespaces an emulation made (any run's)."""
+    return [n for n in (namespaces() if names is None else names) if _OURS.match(n)]
+
+
+def used_subnets() -> set[int]:
+    """Second octets of every 10.x address on the machine: the root namespace's and every
+    other namespace's."""
+    texts = [_run(["ip", "-o", "addr"]).stdout]
+    for ns in namespaces():
+        texts.append(_run(["ip", "-n", ns, "-o", "addr"], check=False).stdout)
+    texts.append(_run(["ip", "-o", "route"], check=False).stdout)
+    return {int(m) for t in texts for m in re.findall(r"\b10\.(\d{1,3})\.\d{1,3}\.\d{1,3}", t)}
+
+
+def pick_subnet() -> int:
+    """A 10.<n>.0.0/16 in use nowhere on the machine."""
+    used = used_subnets()
+    for n in (*range(213, 255), *range(100, 213)):
+        if n not in used:
+            return n
+    raise CommandFailed("emulate: every 10.100-254.0.0/16 is in use on this machine")
+
+
+def kill_namespace_processes(names: Sequence[str], grace: float = 1.0) -> int:
+    """SIGKILL every process inside ``names`` (namespaces this tool made), wait for them to
+    go; returns how many there were."""
+    pids: set[int] = set()
+    for ns in names:
+        out = _run(["ip", "netns", "pids", ns], check=False).stdout
+        pids.update(int(p) for p in out.split() if p.isdigit())
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+        time.sleep(0.02)
+    return len(pids)
+
+
+def remove_namespaces(names: Sequence[str]) -> None:
+    """Kill what runs in ``names``, then delete them (their veths go with them)."""
+    kill_namespace_processes(names)
+    errors = []
+    for ns in names:
+        res = _run(["ip", "netns", "del", ns], check=False)
+        if res.returncode != 0 and ns in namespaces():
+            errors.append(f"{ns}: {res.stderr.strip()}")
+    if errors:
+        raise CommandFailed(f"emulate: could not delete namespace {errors[0]}; run "
+                            f"`ringtune emulate --cleanup`")
+
+
+def remove_hosts_files(names: Sequence[str]) -> None:
+    """Remove ``/etc/netns/NS`` of ``names`` (and ``/etc/netns`` itself once empty)."""
+    for ns in names:
+        shutil.rmtree(os.path.join(ETC_NETNS, ns), ignore_errors=True)
+    try:
+        os.rmdir(ETC_NETNS)
+    except OSError:
+        pass  # absent, or holds someone else's files
+
+
+def cleanup_leftovers() -> list[str]:
+    """Remove every namespace and run directory an emulation left (call it holding the lock:
+    then no live run owns any of them). Returns the namespaces removed."""
+    left = ours()
+    remove_namespaces(left)
+    if os.path.isdir(ETC_NETNS):
+        remove_hosts_files([n for n in os.listdir(ETC_NETNS) if _OURS.match(n)])
+    if os.path.isdir(STATE_DIR):
+        for entry in os.listdir(STATE_DIR):
+            path = os.path.join(STATE_DIR, entry)
+            if entry.isdigit() and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+    return left
+
+
+@contextmanager
+def run_lock() -> Iterator[None]:
+    """One emulation at a time on the machine: a second one gets a clear error naming the
+    first one's process id. The lock is released by the kernel if the holder dies."""
+    os.makedirs(STATE_DIR, exist_ok=True)
+    path = os.path.join(STATE_DIR, "lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise CommandFailed(f"emulate: another `ringtune emulate` (pid {holder}) is "
+                                f"running on this machine; wait for it to end or stop it "
+                                f"(kill {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing drops the flock
+
+
+@dataclass(frozen=True)
+class Host:
+    index: int
+    namespace: str
+    hostname: str
+    address: str
+
+
+@dataclass
+class Network:
+    """The namespaces and links of one emulated cluster (see the module docstring)."""
+
+    spec: EmulatedCluster
+    run_id: int
+    subnet: int
+    hostname_prefix: str | None = None
+    hosts: list[Host] = field(default_factory=list)
+    #: Namespaces created so far, in order (teardown removes exactly these).
+    created: list[str] = field(default_factory=list)
+
+    def ns(self, suffix: str) -> str:
+        return f"{PREFIX}-{self.run_id}-{suffix}"
+
+    def _add_ns(self, suffix: str) -> str:
+        name = self.ns(suffix)
+        _run(["ip", "netns", "add", name])
+        self.created.append(name)
+        _run(["ip", "-n", name, "link", "set", "lo", "up"])
+        return name
+
+    def _shape(self, ns: str, dev: str, rate_bps: int) -> None:
+        burst = self.spec.burst_for(rate_bps)
+        _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+              f"{rate_bps}bit", "burst", f"{burst}b", "latency", "20ms"])
+
+    def _bridge(self, ns: str) -> None:
+        _run(["ip", "-n", ns, "link", "add", "br0", "type", "bridge"])
+        _run(["ip", "-n", ns, "link", "set", "br0", "up"])
+
+    def _port(self, sw: str, port: str, peer_ns: str, peer_dev: str, rate_bps: int,
+              bridged_peer: bool = False) -> None:
+        """A veth from switch ``sw`` (port ``port`` on its bridge) to ``peer_ns``, shaped
+        at ``rate_bps`` on both ends."""
+        _run(["ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", peer_dev,
+              "netns", peer_ns])
+        _run(["ip", "-n", sw, "link", "set", port, "master", "br0", "up"])
+        if bridged_peer:
+            _run(["ip", "-n", peer_ns, "link", "set", peer_dev, "master", "br0"])
+        _run(["ip", "-n", peer_ns, "link", "set", peer_dev, "up"])
+        self._shape(sw, port, rate_bps)
+        self._shape(peer_ns, peer_dev, rate_bps)
+
+    def build(self) -> None:
+        """Create everything; on failure the caller's ``teardown()`` removes what was made."""
+        spec = self.spec
+        names = spec.hostnames(self.hostname_prefix)
+        host_tier = spec.tiers[0]
+        racks = spec.racks
+        if len(spec.tiers) > 1:
+            core = self._add_ns("core")
+            self._bridge(core)
+        switches = []
+        for r in range(racks):
+            sw = self._add_ns(f"sw{r}")
+            self._bridge(sw)
+            switches.append(sw)
+            if len(spec.tiers) > 1:
+                self._port(core, f"r{r}", sw, "uplink", spec.tiers[1].rate_bps, bridged_peer=True)
+        for i in range(spec.hosts):
+            ns = self._add_ns(f"h{i}")
+            address = f"10.{self.subnet}.{i // 250}.{i % 250 + 1}"
+            self._port(switches[i // spec.hosts_per_rack], f"h{i}", ns, "eth0",
+                       host_tier.rate_bps)
+            _run(["ip", "-n", ns, "addr", "add", f"{address}/16", "dev", "eth0"])
+            self.hosts.append(Host(i, ns, names[i], address))
+        table = "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.hostname}\n"
+                                                  for h in self.hosts)
+        for h in self.hosts:
+            folder = os.path.join(ETC_NETNS, h.namespace)
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, "hosts"), "w", encoding="utf-8") as f:
+                f.write(table)
+
+    def teardown(self) -> None:
+        """Remove every namespace this network created (and so its veths and processes)."""
+        made, self.created = list(self.created), []
+        try:
+            remove_namespaces(made[::-1])
+        finally:
+            remove_hosts_files([h.namespace for h in self.hosts])

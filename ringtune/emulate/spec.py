@@ -1,0 +1,157 @@
+"""What an emulated cluster consists of, read from a ``profiles/clusters/`` file.
+
+The file is the one ``ringtune simulate`` reads (``autotune.cluster``): levels innermost
+first; the levels inside a host (``ranks_per_host``) run over the host's shared memory, each
+level above is a tier of the network. The first network level is the host uplink, a second
+one (optional) groups hosts into racks behind a rack uplink. A group's uplink rate is its
+share of the level's links: ``bandwidth_gbs × links_per_rank × ranks in the group`` (a
+1 Gbit/s NIC shared by 2 ranks: ``bandwidth_gbs: 0.125, links_per_rank: 0.5``).
+
+An optional ``emulate:`` mapping adds what only emulation needs:
+
+- ``hostname_prefix``: hosts are named ``<prefix>0``, ``<prefix>1``… (default ``host``);
+- ``oversubscribe``: allow more than ``MAX_RANKS_PER_CORE`` ranks per CPU core (default
+  false: such a run measures the scheduler, not the network);
+- ``burst_kb``: the token bucket's burst (default: 1 ms at the link rate, at least 32 KiB).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+#: More ranks than this per CPU core and the emulated network is no longer what is measured.
+MAX_RANKS_PER_CORE = 4
+#: Tiers of network an emulation builds: host uplinks, and rack uplinks above them.
+MAX_NETWORK_LEVELS = 2
+_EMULATE_KEYS = {"hostname_prefix", "oversubscribe", "burst_kb"}
+HOSTNAME_PREFIX = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One network tier: ``groups`` switches' worth of uplinks, each ``rate_bps`` bits/s."""
+
+    name: str
+    rate_bps: int
+    #: How many units of the tier below (hosts, or racks) share one switch of this tier.
+    fanout: int
+
+
+@dataclass(frozen=True)
+class EmulatedCluster:
+    """Hosts, ranks per host and the shaped tiers of one emulated cluster."""
+
+    name: str
+    path: str
+    hosts: int
+    ranks_per_host: int
+    #: Network tiers, host uplink first; one tier: every host on one switch.
+    tiers: tuple[Tier, ...]
+    hostname_prefix: str = "host"
+    oversubscribe: bool = False
+    burst_bytes: int = 0
+
+    @property
+    def ranks(self) -> int:
+        return self.hosts * self.ranks_per_host
+
+    @property
+    def hosts_per_rack(self) -> int:
+        """Hosts behind one rack switch (all of them with a single tier)."""
+        return self.tiers[0].fanout if len(self.tiers) > 1 else self.hosts
+
+    @property
+    def racks(self) -> int:
+        return self.hosts // self.hosts_per_rack
+
+    def hostnames(self, prefix: str | None = None) -> list[str]:
+        p = prefix or self.hostname_prefix
+        return [f"{p}{i}" for i in range(self.hosts)]
+
+    def burst_for(self, rate_bps: int) -> int:
+        """The token bucket's burst: the file's, else 1 ms at ``rate_bps``, >= 32 KiB."""
+        return self.burst_bytes or max(32 << 10, rate_bps // 8 // 1000)
+
+    def describe(self) -> str:
+        tiers = ", ".join(f"{t.name} {_rate(t.rate_bps)}" for t in self.tiers)
+        racks = f" in {self.racks} racks" if len(self.tiers) > 1 else ""
+        return (f"{self.name}: {self.hosts} hosts{racks} x {self.ranks_per_host} ranks "
+                f"({tiers})")
+
+
+def _rate(bps: int) -> str:
+    for unit, div in (("Gbit/s", 10**9), ("Mbit/s", 10**6), ("kbit/s", 10**3)):
+        if bps >= div:
+            return f"{bps / div:g} {unit}"
+    return f"{bps} bit/s"
+
+
+def _read(path: str) -> Any:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return None  # load_cluster has already reported what is wrong with the file
+
+
+def load_emulated(path: str, cores: int | None = None) -> EmulatedCluster:
+    """Validate ``path`` for emulation; ``ValueError`` naming the file and key otherwise
+    (the CLI's exit code 2). ``cores``: CPU cores the ranks share (default: this process's)."""
+    from autotune.cluster import load_cluster
+
+    cluster = load_cluster(path)  # the simulate format: keys, sizes, positive bandwidths
+    data = _read(path) or {}
+    emu = data.get("emulate") or {}
+    p = f"{path}: emulate"
+    if not isinstance(emu, dict):
+        raise ValueError(f"{p}: expected a mapping with keys {', '.join(sorted(_EMULATE_KEYS))},"
+                         f" got {emu!r}")
+    extra = sorted(set(emu) - _EMULATE_KEYS)
+    if extra:
+        raise ValueError(f"{p}.{extra[0]}: unknown key (allowed: "
+                         f"{', '.join(sorted(_EMULATE_KEYS))})")
+    prefix = emu.get("hostname_prefix", "host")
+    if not isinstance(prefix, str) or not HOSTNAME_PREFIX.match(prefix):
+        raise ValueError(f"{p}.hostname_prefix: expected lower-case letters, digits and '-' "
+                         f"starting with a letter, got {prefix!r}")
+    over = emu.get("oversubscribe", False)
+    if not isinstance(over, bool):
+        raise ValueError(f"{p}.oversubscribe: expected true or false, got {over!r}")
+    burst_kb = emu.get("burst_kb", 0)
+    if (not isinstance(burst_kb, (int, float)) or isinstance(burst_kb, bool)
+            or not math.isfinite(burst_kb) or burst_kb < 0):
+        raise ValueError(f"{p}.burst_kb: expected a non-negative number, got {burst_kb!r}")
+
+    net = cluster.levels[cluster.host_levels:]
+    if not net:
+        raise ValueError(f"{path}: levels: every level is inside one host (ranks_per_host "
+                         f"{cluster.ranks_per_host} = ranks); emulation needs a network level")
+    if len(net) > MAX_NETWORK_LEVELS:
+        raise ValueError(f"{path}: levels: {len(net)} network levels; emulation builds at most "
+                         f"{MAX_NETWORK_LEVELS} (host uplinks and rack uplinks)")
+    tiers = []
+    group = cluster.ranks_per_host  # ranks behind one uplink of the tier being read
+    for i, lv in enumerate(net):
+        rate = lv.bandwidth_gbs * lv.links_per_rank * group * 8e9
+        if rate < 1e6:
+            raise ValueError(f"{path}: levels[{cluster.host_levels + i}]: uplink "
+                             f"{rate:.0f} bit/s (bandwidth_gbs x links_per_rank x {group} "
+                             f"ranks); emulation needs at least 1 Mbit/s")
+        tiers.append(Tier(lv.name, int(rate), lv.size))
+        group *= lv.size
+    cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1)
+    if cluster.ranks > MAX_RANKS_PER_CORE * cores and not over:
+        raise ValueError(f"{path}: ranks: {cluster.ranks} ranks on {cores} CPU core(s) is more "
+                         f"than {MAX_RANKS_PER_CORE} per core; use fewer ranks or set "
+                         f"emulate.oversubscribe: true")
+    return EmulatedCluster(
+        name=cluster.name, path=path, hosts=cluster.hosts,
+        ranks_per_host=cluster.ranks_per_host, tiers=tuple(tiers), hostname_prefix=prefix,
+        oversubscribe=over, burst_bytes=int(burst_kb * 1024))

@@ -1,0 +1,86 @@
+"""``ringtune emulate`` leaves nothing behind: not after the command fails, not after SIGINT
+or SIGTERM of emulate; a second run while one is alive is refused; what a SIGKILLed run
+left is removed by the next one. (The autouse fixture checks the namespaces after each.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import RINGTUNE, ROOT, emulate, emulate_cmd, netns_list, worker
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _start_sleepers(tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
+    """An emulation whose 4 ranks record their pids and sleep; returns it and the pids."""
+    proc = subprocess.Popen(emulate_cmd("2x2", worker("pids", str(tmp_path))), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(tmp_path.glob("pid.*"))) < 4:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    files = sorted(tmp_path.glob("pid.*"))
+    assert len(files) == 4, "the ranks did not start"
+    pids = [int(x) for f in files for x in f.read_text().split()]  # rank and its proxy/shell
+    assert all(_alive(p) for p in pids[::2])
+    return proc, pids
+
+
+def test_failing_command_status_passes_through() -> None:
+    res = emulate("2x2", ["sh", "-c", 'exit $((PMI_RANK == 3 ? 5 : 0))'], timeout=60)
+    assert res.returncode == 5, (res.returncode, res.stderr)
+    res = emulate("3x1", ["true"], timeout=60)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_tears_everything_down(tmp_path: Path, sig: int, code: int) -> None:
+    proc, pids = _start_sleepers(tmp_path)
+    assert any(n.startswith(f"rtemu-{proc.pid}-") for n in netns_list())
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code, err
+    assert time.monotonic() - t0 < 10, "teardown took more than 10 s"
+    assert not [p for p in pids if _alive(p)], "processes survived the emulation"
+    assert not [n for n in netns_list() if n.startswith(f"rtemu-{proc.pid}-")]
+
+
+def test_second_run_refused_and_leftovers_removed(tmp_path: Path) -> None:
+    proc, pids = _start_sleepers(tmp_path)
+    second = emulate("3x1", ["true"], timeout=60)
+    assert second.returncode == 1
+    assert f"another `ringtune emulate` (pid {proc.pid}) is running" in second.stderr
+    proc.kill()  # SIGKILL: no teardown; the ranks die with mpiexec, the namespaces stay
+    proc.communicate(timeout=30)
+    left = [n for n in netns_list() if n.startswith(f"rtemu-{proc.pid}-")]
+    assert left, "a SIGKILLed run should leave its namespaces (else this test tests nothing)"
+    res = subprocess.run([*RINGTUNE, "emulate", "--cluster",
+                          str(ROOT / "profiles/clusters/emulated-3x1.yaml"), "--", "true"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "left by an earlier run" in res.stderr and left[0] in res.stderr, res.stderr
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)]
+
+
+def test_cleanup_with_nothing_left() -> None:
+    res = subprocess.run([*RINGTUNE, "emulate", "--cleanup"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0 and "nothing to clean up" in res.stderr, res.stderr
+    assert os.path.isdir("/run/ringtune-emulate")
