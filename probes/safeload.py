@@ -20,7 +20,8 @@ large, ambiguous or dependent on the Python process:
   !!map`` (``!!set``, ``!!binary``, ``!!timestamp``, ``!!python/...``, ``!custom``) and merge
   keys (``<<``) are refused; keys must be text; an unquoted date stays text (it would
   otherwise become a ``datetime`` object, which hashes and compares differently);
-- numbers: floats finite (``.inf``/``.nan`` refused), integers within 64 bits.
+- numbers: floats finite (``.inf``/``.nan`` refused), integers within 64 bits (signed or
+  unsigned).
 
 The events come from libyaml (``yaml.CParser``) when PyYAML was built with it, else from
 PyYAML's pure-Python parser; either way the values are built here from the event stream,
@@ -46,8 +47,10 @@ MAX_BYTES = 32 << 20
 MAX_NODES = 4_000_000
 #: Deepest nesting of collections (the formats need 5; ``extra`` gets the rest).
 MAX_DEPTH = 32
-#: Integers must fit a signed 64-bit integer (what every consumer converts them to).
-MAX_INT = (1 << 63) - 1
+#: Integers must fit 64 bits, signed or unsigned (NVML answers hold unsigned masks); each
+#: format bounds its own fields further.
+MIN_INT = -(1 << 63)
+MAX_INT = (1 << 64) - 1
 
 _TAG = "tag:yaml.org,2002:"
 _STR, _INT, _FLOAT, _BOOL, _NULL = (_TAG + t for t in ("str", "int", "float", "bool", "null"))
@@ -403,7 +406,7 @@ class _Builder:
                     self.fail(event, f"integer {value[:20]}… is out of range (at most "
                                      f"{MAX_INT})")
                 out = self._construct(event, "construct_yaml_int", value, "an integer")
-            if not -MAX_INT - 1 <= out <= MAX_INT:
+            if not MIN_INT <= out <= MAX_INT:
                 self.fail(event, f"integer {value} is out of range (at most {MAX_INT})")
             return out
         if tag == _FLOAT:
@@ -461,7 +464,7 @@ def parse_json(text: str, source: str = "<input>", max_nodes: int = MAX_NODES,
         raise InputError(f"{source}: {name} is not a finite number")
 
     def integer(digits: str) -> int:
-        if len(digits) > 40 or not -MAX_INT - 1 <= int(digits) <= MAX_INT:
+        if len(digits) > 40 or not MIN_INT <= int(digits) <= MAX_INT:
             raise InputError(f"{source}: integer {digits[:20]} is out of range (at most "
                              f"{MAX_INT})")
         return int(digits)
