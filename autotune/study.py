@@ -29,7 +29,7 @@ from collectives import Communicator
 from collectives.bench import time_allreduce
 from collectives.profile import builtin_profile, write_profile
 
-from . import space
+from . import space, storage_errors
 from .choose import AB_SHARE, ab_choice, build_profile, native_config
 from .driver import SAMPLERS, Driver
 from .lockstep import abort, on_root
@@ -66,6 +66,7 @@ def tune(comm: Any, opts: TuneOptions, out: TextIO = sys.stdout) -> TuneResult:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage_errors.watch(str(opts.storage))
         try:
             storage = optuna.storages.RDBStorage(str(opts.storage))
         except Exception as exc:  # noqa: BLE001 - one clear line for a bad --storage
