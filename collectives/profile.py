@@ -45,6 +45,8 @@ FINGERPRINT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 #: values are typing errors that would overflow later (in plans, in NumPy sizes).
 MAX_WORLD_SIZE = 1 << 22
 MAX_RULE_BYTES = 1 << 62
+#: Largest figure under ``measured`` (GB/s, µs, ratios): finite and readable back.
+MAX_MEASURED = 1e18
 #: What ``tuning`` and ``extra`` may hold: the plain YAML/JSON types (a set would make the
 #: profile's hash depend on the interpreter's hash seed).
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
@@ -304,7 +306,7 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
                 if key == "bytes" and val is not None:
                     v.integer(val, f"{where}.measured.bytes", 0, MAX_RULE_BYTES)
                 elif val is not None and (isinstance(val, bool) or not isinstance(
-                        val, (int, float)) or not math.isfinite(val) or val < 0):
+                        val, (int, float)) or not 0 <= val <= MAX_MEASURED):
                     v.fail(f"{where}.measured.{key}", f"expected a number ≥ 0, got {val!r}")
             measured = dict(m)
         # Keep the params as written (defaults are filled at plan time), but validated.
@@ -392,6 +394,9 @@ def _check_plain(v: _Validator, value: Any, key: str) -> None:
                               "true/false, null, lists, mappings)")
             if isinstance(item, float) and not math.isfinite(item):
                 v.fail(where, f"expected a finite number, got {item!r}")
+            if isinstance(item, int) and not -(1 << 63) <= item < (1 << 64):
+                v.fail(where, f"integer {item} does not fit 64 bits (the file could not be "
+                              "read back)")
             continue
         if depth >= _PLAIN_DEPTH:
             v.fail(where, f"nested more than {_PLAIN_DEPTH} levels deep")
