@@ -35,6 +35,15 @@ _CLUSTER_KEYS = {"name", "description", "ranks", "ranks_per_host", "levels", "me
 _WORKLOAD_KEYS = {"name", "description", "gradient_bytes", "compute_seconds", "overlap",
                   "sources", "notes", "tensor_bytes"}
 
+#: Bounds of the files' figures: the model works on NumPy arrays with one entry per rank
+#: (2^16 ranks: ~0.5 s per configuration); bandwidths, latencies and rates beyond
+#: 10⁻⁶…10⁹ are typing errors that would turn predicted times into 0 or infinity.
+MAX_RANKS = 1 << 16
+MAX_LEVELS = 16
+MAX_QUANTITY = 1e9
+MIN_QUANTITY = 1e-6
+MAX_FILE_BYTES = 1 << 20
+
 #: Software cost of posting one message (or one reduction call) when a file gives none:
 #: what a GPU collective library spends per chunk, not a hardware figure.
 DEFAULT_OVERHEAD_US = 5.0
@@ -165,16 +174,23 @@ class Workload:
 # -- validation ------------------------------------------------------------------------
 
 
-def _read_yaml(path: str) -> Any:
-    import yaml
+def _read_yaml(path: str, kind: str) -> Any:
+    """The file's plain data through the one bounded reader (``probes.safeload``: size,
+    alias and depth caps, duplicate keys, plain types, finite numbers); a profile or a
+    topology file given by mistake is named as such."""
+    from probes.safeload import check_kind, load_file
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such file") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    data = load_file(path, kind, max_bytes=MAX_FILE_BYTES, as_json=False)
+    check_kind(data, kind, path)
+    return data
+
+
+def _show(value: Any) -> str:
+    """A value for a message: a list or mapping by its type (it may be huge), text cut."""
+    if isinstance(value, (list, dict)):
+        return type(value).__name__
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _unknown(where: str, data: Mapping[str, Any], allowed: set[str]) -> None:
@@ -183,20 +199,30 @@ def _unknown(where: str, data: Mapping[str, Any], allowed: set[str]) -> None:
         raise ValueError(f"{where}{extra[0]}: unknown key (allowed: {', '.join(sorted(allowed))})")
 
 
-def _positive(where: str, value: Any, integer: bool = False, zero: bool = False) -> Any:
+def _positive(where: str, value: Any, integer: bool = False, zero: bool = False,
+              most: float = MAX_QUANTITY) -> Any:
+    """``value`` if it is a (non-negative with ``zero``) number no larger than ``most``;
+    a physical quantity beyond ``MAX_QUANTITY`` (10⁹ GB/s, 10⁹ µs) is a typing error that
+    would turn the model's times into infinities."""
     ok_type = (isinstance(value, int) if integer else isinstance(value, (int, float)))
     if not ok_type or isinstance(value, bool) or not math.isfinite(value) or (
         value < 0 if zero else value <= 0
     ):
         kind = "integer" if integer else "number"
         bound = "non-negative" if zero else "positive"
-        raise ValueError(f"{where}: expected a {bound} {kind}, got {value!r}")
+        raise ValueError(f"{where}: expected a {bound} {kind}, got {_show(value)}")
+    if value > most:
+        raise ValueError(f"{where}: {_show(value)} is more than {most:g}, the most this key "
+                         "may be; give a realistic figure (in the units of the key's name)")
+    if not integer and 0 < value < MIN_QUANTITY:
+        raise ValueError(f"{where}: {_show(value)} is below {MIN_QUANTITY:g}; give a "
+                         "realistic figure (in the units of the key's name)")
     return value
 
 
 def _text(where: str, value: Any) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"{where}: expected text, got {value!r}")
+        raise ValueError(f"{where}: expected text, got {_show(value)}")
     return value
 
 
@@ -206,7 +232,7 @@ def _sources(where: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise ValueError(f"{where}: expected a list of texts, got {value!r}")
+        raise ValueError(f"{where}: expected a list of texts, got {_show(value)}")
     return tuple(value)
 
 
@@ -221,14 +247,15 @@ def cluster_from_dict(data: Any, where: str = "cluster") -> Cluster:
         if key not in data:
             raise ValueError(f"{p}{key}: missing (required: levels, ranks, memory_gbs)")
     raw = data["levels"]
-    if not isinstance(raw, list) or not raw:
-        raise ValueError(f"{p}levels: expected a non-empty list of levels (innermost first), "
-                         f"got {raw!r}")
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_LEVELS:
+        got = f"{len(raw)} levels" if isinstance(raw, list) and raw else _show(raw)
+        raise ValueError(f"{p}levels: expected a non-empty list of at most {MAX_LEVELS} levels "
+                         f"(innermost first), got {got}")
     levels = []
     for i, lv in enumerate(raw):
         q = f"{p}levels[{i}]"
         if not isinstance(lv, dict):
-            raise ValueError(f"{q}: expected a mapping, got {lv!r}")
+            raise ValueError(f"{q}: expected a mapping, got {_show(lv)}")
         _unknown(q + ".", lv, _LEVEL_KEYS)
         for key in ("size", "bandwidth_gbs", "latency_us"):
             if key not in lv:
@@ -236,24 +263,24 @@ def cluster_from_dict(data: Any, where: str = "cluster") -> Cluster:
                                  f"latency_us)")
         shared = lv.get("shared", True)
         if not isinstance(shared, bool):
-            raise ValueError(f"{q}.shared: expected true or false, got {shared!r}")
+            raise ValueError(f"{q}.shared: expected true or false, got {_show(shared)}")
         levels.append(Level(
             name=_text(f"{q}.name", lv.get("name", f"level{i}")),
-            size=_positive(f"{q}.size", lv["size"], integer=True),
+            size=_positive(f"{q}.size", lv["size"], integer=True, most=MAX_RANKS),
             bandwidth_gbs=float(_positive(f"{q}.bandwidth_gbs", lv["bandwidth_gbs"])),
             latency_us=float(_positive(f"{q}.latency_us", lv["latency_us"], zero=True)),
             links_per_rank=float(_positive(f"{q}.links_per_rank", lv.get("links_per_rank", 1))),
             shared=shared,
             source=_text(f"{q}.source", lv.get("source", "")),
         ))
-    ranks = _positive(f"{p}ranks", data["ranks"], integer=True)
+    ranks = _positive(f"{p}ranks", data["ranks"], integer=True, most=MAX_RANKS)
     product = math.prod(lv.size for lv in levels)
     if product != ranks:
         sizes = " x ".join(str(lv.size) for lv in levels)
         raise ValueError(f"{p}levels: sizes {sizes} = {product} ranks, but ranks is {ranks}; "
                          f"make the product of levels[*].size equal ranks")
     per_host = _positive(f"{p}ranks_per_host", data.get("ranks_per_host", levels[0].size),
-                         integer=True)
+                         integer=True, most=MAX_RANKS)
     prefixes = [math.prod(lv.size for lv in levels[:i + 1]) for i in range(len(levels))]
     if per_host not in prefixes:
         raise ValueError(f"{p}ranks_per_host: {per_host} is not the size of a group of "
@@ -274,7 +301,7 @@ def cluster_from_dict(data: Any, where: str = "cluster") -> Cluster:
 def load_cluster(path: str | os.PathLike[str]) -> Cluster:
     """Read and validate a cluster file; ``ValueError`` naming file and key otherwise."""
     name = os.fspath(path)
-    return replace(cluster_from_dict(_read_yaml(name), name), path=name)
+    return replace(cluster_from_dict(_read_yaml(name, "cluster"), name), path=name)
 
 
 def workload_from_dict(data: Any, where: str = "workload") -> Workload:
@@ -289,7 +316,7 @@ def workload_from_dict(data: Any, where: str = "workload") -> Workload:
     overlap = data.get("overlap", 0.0)
     if (not isinstance(overlap, (int, float)) or isinstance(overlap, bool)
             or not 0 <= overlap <= 1):
-        raise ValueError(f"{p}overlap: expected a fraction 0..1, got {overlap!r}")
+        raise ValueError(f"{p}overlap: expected a fraction 0..1, got {_show(overlap)}")
     tensors = data.get("tensor_bytes", [])
     if not isinstance(tensors, list) or any(
             isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in tensors):
@@ -301,7 +328,8 @@ def workload_from_dict(data: Any, where: str = "workload") -> Workload:
     return Workload(
         tensor_bytes=tuple(tensors),
         name=_text(f"{p}name", data.get("name", where)),
-        gradient_bytes=_positive(f"{p}gradient_bytes", data["gradient_bytes"], integer=True),
+        gradient_bytes=_positive(f"{p}gradient_bytes", data["gradient_bytes"], integer=True,
+                                 most=1 << 50),
         compute_seconds=float(_positive(f"{p}compute_seconds", data["compute_seconds"])),
         overlap=float(overlap),
         description=_text(f"{p}description", data.get("description", "")),
@@ -311,4 +339,4 @@ def workload_from_dict(data: Any, where: str = "workload") -> Workload:
 
 def load_workload(path: str | os.PathLike[str]) -> Workload:
     name = os.fspath(path)
-    return workload_from_dict(_read_yaml(name), name)
+    return workload_from_dict(_read_yaml(name, "workload"), name)

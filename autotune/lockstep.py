@@ -14,6 +14,7 @@ from typing import Any
 from collectives.abort import abort_world
 
 from .records import TuneError
+from .storage_errors import failure_text
 
 
 def on_root(comm: Any, fn: Callable[[], Any]) -> Any:
@@ -28,7 +29,8 @@ def on_root(comm: Any, fn: Callable[[], Any]) -> Any:
         except (ValueError, TypeError, OSError) as exc:
             payload = ("err", str(exc), True)
         except Exception as exc:  # noqa: BLE001 - every rank must learn about it
-            payload = ("err", f"{type(exc).__name__}: {exc}", False)
+            # A full disk under the storage must say so, not "StorageInternalError".
+            payload = ("err", failure_text(exc), False)
     payload = comm.bcast(payload, root=0)
     if payload[0] == "err":
         raise TuneError(payload[1], usage=payload[2])

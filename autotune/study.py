@@ -29,7 +29,7 @@ from collectives import Communicator
 from collectives.bench import time_allreduce
 from collectives.profile import builtin_profile, dump_profile, write_profile
 
-from . import replay, space
+from . import replay, space, storage_errors
 from .choose import AB_SHARE, ab_choice, build_profile, native_config
 from .driver import SAMPLERS, Driver
 from .lockstep import abort, on_root
@@ -76,6 +76,7 @@ def _tune(comm: Any, opts: TuneOptions, out: TextIO, write: bool) -> TuneResult:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage_errors.watch(str(opts.storage))
         try:
             storage = optuna.storages.RDBStorage(str(opts.storage))
         except Exception as exc:  # noqa: BLE001 - one clear line for a bad --storage

@@ -49,6 +49,16 @@ LIBRARY_OPTIONAL_KEYS = ("nccl",)
 MEASURED_KEYS = ("bytes", "busbw_gbps", "time_us", "native_busbw_gbps", "native_time_us",
                  "algbw_gbps", "speedup")
 FINGERPRINT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+#: Range bounds: a world of 4 M ranks and messages of 4 EiB are beyond any machine; larger
+#: values are typing errors that would overflow later (in plans, in NumPy sizes).
+MAX_WORLD_SIZE = 1 << 22
+MAX_RULE_BYTES = 1 << 62
+#: Largest figure under ``measured`` (GB/s, µs, ratios): finite and readable back.
+MAX_MEASURED = 1e18
+#: What ``tuning`` and ``extra`` may hold: the plain YAML/JSON types (a set would make the
+#: profile's hash depend on the interpreter's hash seed).
+_PLAIN_SCALARS = (str, int, float, bool, type(None))
+_PLAIN_DEPTH = 32
 
 #: Key order of written files (people read them).
 _KEY_ORDER = ("format", "version", "created", "tool", "library", "topology", "backend",
@@ -167,39 +177,30 @@ def load_profile(path: str | os.PathLike[str], world_size: int | None = None,
     ``section_for``: pick the section for that world size when the profile has one
     (``shapes``), without rejecting another size (the runtime's warn-and-fall-back).
     """
-    import yaml
+    # One bounded reader for every file (probes.safeload): size, alias/node and depth caps,
+    # duplicate keys, plain types and finite numbers are checked while parsing.
+    from probes.safeload import InputError, check_kind, load_file
 
     name = os.fspath(path)
     try:
-        with open(name, "rb") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        raise ProfileError(f"{name}: no such profile file; check the path, or create one "
-                           "with `ringtune tune --out FILE`") from None
-    except IsADirectoryError:
-        raise ProfileError(f"{name}: is a directory, not a profile file") from None
-    except OSError as exc:
-        raise ProfileError(f"{name}: cannot read profile: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ProfileError(f"{name}: not a text (UTF-8) file: {exc.reason} at byte "
-                           f"{exc.start}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ProfileError(f"{name}: {where}invalid YAML ({problem}); is the file "
-                           "truncated or hand-edited?") from None
-    return profile_from_dict(data, name, world_size=world_size, section_for=section_for)
+        data = load_file(name, "profile", missing="no such profile file; check the path, or "
+                         "create one with `ringtune tune --out FILE`", as_json=False)
+        check_kind(data, "profile", name)
+    except InputError as exc:
+        raise ProfileError(str(exc)) from None
+    return profile_from_dict(data, name, world_size=world_size, section_for=section_for,
+                             copy=False)
 
 
 def profile_from_dict(data: Any, name: str = "<profile>",
                       world_size: int | None = None,
-                      section_for: int | None = None) -> Profile:
+                      section_for: int | None = None, copy: bool = True) -> Profile:
     """Validate a profile mapping (as parsed from YAML) and build the ``Profile``.
 
-    Errors read ``NAME: KEY.PATH: what is wrong, got VALUE``.
+    Errors read ``NAME: KEY.PATH: what is wrong, got VALUE``. ``copy=False``: ``data`` is
+    fresh plain data from ``probes.safeload`` that nothing else holds; it becomes the
+    profile's ``raw`` as it is (copying a 10⁵-rule profile cost seconds, and copying an
+    aliased tree expands it).
     """
     from .shapes import pick
 
@@ -210,6 +211,10 @@ def profile_from_dict(data: Any, name: str = "<profile>",
     if not isinstance(data, Mapping):
         v.fail("", f"expected a mapping of profile keys at the top level, got "
                    f"{type(data).__name__}")
+    if copy:
+        for key in ("tuning", "extra"):
+            if key in data:
+                _check_plain(v, data[key], key)
     v.keys(data, "", REQUIRED_KEYS, OPTIONAL_KEYS)
     if data["format"] != FORMAT:
         v.fail("format", f"expected {FORMAT!r}, got {data['format']!r}: not a ringtune "
@@ -229,7 +234,7 @@ def profile_from_dict(data: Any, name: str = "<profile>",
     topo = v.mapping(data["topology"], "topology")
     v.keys(topo, "topology", ("world_size",), tuple(k for k in TOPOLOGY_KEYS
                                                     if k != "world_size"))
-    ws = v.integer(topo["world_size"], "topology.world_size", 1, None)
+    ws = v.integer(topo["world_size"], "topology.world_size", 1, MAX_WORLD_SIZE)
     fingerprint = None
     if "fingerprint" in topo and topo["fingerprint"] is not None:
         fp = topo["fingerprint"]
@@ -239,7 +244,7 @@ def profile_from_dict(data: Any, name: str = "<profile>",
         fingerprint = fp
     for key in ("hosts", "ranks_per_host"):
         if key in topo:
-            v.integer(topo[key], f"topology.{key}", 1, None)
+            v.integer(topo[key], f"topology.{key}", 1, ws)
     if "summary" in topo:
         v.string(topo["summary"], "topology.summary")
     if world_size is None and "shapes" in data:
@@ -270,7 +275,8 @@ def profile_from_dict(data: Any, name: str = "<profile>",
         v.mapping(data["extra"], "extra")
     return Profile(rules=rules, backend=backend, transport=transport, dtype=dtype, op=op,
                    fingerprint=fingerprint, world_size=ws, path=name,
-                   raw=_plain(dict(data)), builtin=False, section=section)
+                   raw=_plain(dict(data)) if copy else data, builtin=False,
+                   section=section)
 
 
 def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
@@ -287,9 +293,10 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
         where = f"rules[{i}]"
         rule = v.mapping(item, where)
         v.keys(rule, where, RULE_REQUIRED_KEYS, RULE_OPTIONAL_KEYS)
-        lo = v.integer(rule["min_bytes"], f"{where}.min_bytes", 0, None)
+        lo = v.integer(rule["min_bytes"], f"{where}.min_bytes", 0, MAX_RULE_BYTES)
         hi_raw = rule["max_bytes"]
-        hi = None if hi_raw is None else v.integer(hi_raw, f"{where}.max_bytes", lo, None)
+        hi = None if hi_raw is None else v.integer(hi_raw, f"{where}.max_bytes", lo,
+                                                   MAX_RULE_BYTES)
         if i == 0 and lo != 0:
             v.fail(f"{where}.min_bytes", f"the first rule must start at 0, got {lo}: sizes "
                                          f"0..{lo - 1} would have no rule")
@@ -334,8 +341,10 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
                 if key not in MEASURED_KEYS:
                     v.fail(f"{where}.measured.{key}", f"unknown key; expected some of "
                            f"{', '.join(MEASURED_KEYS)}")
-                if val is not None and (isinstance(val, bool) or not isinstance(
-                        val, (int, float)) or not math.isfinite(val) or val < 0):
+                if key == "bytes" and val is not None:
+                    v.integer(val, f"{where}.measured.bytes", 0, MAX_RULE_BYTES)
+                elif val is not None and (isinstance(val, bool) or not isinstance(
+                        val, (int, float)) or not 0 <= val <= MAX_MEASURED):
                     v.fail(f"{where}.measured.{key}", f"expected a number ≥ 0, got {val!r}")
             measured = dict(m)
         if rule.get("native") is not None:
@@ -427,6 +436,37 @@ def _show(value: Any) -> str:
     if isinstance(value, (Mapping, list)):
         return type(value).__name__
     return repr(value)
+
+
+def _check_plain(v: _Validator, value: Any, key: str) -> None:
+    """Refuse anything in ``value`` that is not plain YAML/JSON data (text keys, finite
+    numbers, no sets, bytes or objects); iterative, so a deep value cannot recurse."""
+    todo: list[tuple[Any, str, int]] = [(value, key, 0)]
+    while todo:
+        item, where, depth = todo.pop()
+        if isinstance(item, Mapping):
+            children: list[tuple[Any, str]] = []
+            for k, x in item.items():
+                if not isinstance(k, str):
+                    v.fail(where, f"keys must be text, got {k!r}")
+                children.append((x, f"{where}.{k}"))
+        elif isinstance(item, (list, tuple)):
+            children = [(x, f"{where}[{i}]") for i, x in enumerate(item)]
+        else:
+            if hasattr(item, "item") and not isinstance(item, _PLAIN_SCALARS):
+                item = item.item()  # a NumPy scalar from the tuner
+            if not isinstance(item, _PLAIN_SCALARS):
+                v.fail(where, f"{type(item).__name__} is not plain data (text, numbers, "
+                              "true/false, null, lists, mappings)")
+            if isinstance(item, float) and not math.isfinite(item):
+                v.fail(where, f"expected a finite number, got {item!r}")
+            if isinstance(item, int) and not -(1 << 63) <= item < (1 << 64):
+                v.fail(where, f"integer {item} does not fit 64 bits (the file could not be "
+                              "read back)")
+            continue
+        if depth >= _PLAIN_DEPTH:
+            v.fail(where, f"nested more than {_PLAIN_DEPTH} levels deep")
+        todo.extend((x, w, depth + 1) for x, w in children)
 
 
 def _plain(obj: Any) -> Any:

@@ -59,19 +59,14 @@ __all__ = [
 def load_topology(path: str | os.PathLike[str]) -> Topology:
     """Read a topology file (YAML, or JSON when it ends in ``.json``). Any problem raises
     ``TopologyError`` naming the file and the key."""
+    from .safeload import InputError, load_file
+
     name = os.fspath(path)
     try:
-        with open(name, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise TopologyError(f"{name}: cannot read topology file: "
-                            f"{exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise TopologyError(f"{name}: not a text file (expected YAML or JSON)") from None
-    if name.endswith(".json"):
-        topo = Topology.from_json(text, source=name)
-    else:
-        topo = Topology.from_yaml(text, source=name)
+        data = load_file(name, "topology")
+    except InputError as exc:
+        raise TopologyError(str(exc)) from None
+    topo = Topology.from_dict(data, source=name)
     return dataclasses.replace(topo, source=name)
 
 

@@ -14,7 +14,6 @@ applies where GPU memory is a NUMA node, so sysfs ``numa_node`` is asked first.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -160,8 +159,12 @@ class RecordedResponder:
 
     @classmethod
     def load(cls, file: str) -> RecordedResponder:
-        with open(file, encoding="utf-8") as fh:
-            return cls(json.load(fh))
+        from .safeload import load_file
+
+        data = load_file(file, "NVML recording", as_json=True)
+        if not isinstance(data, dict):
+            raise ValueError(f"{file}: expected a JSON object of NVML answers")
+        return cls(data)
 
     def _g(self, i: int, key: str) -> Any:
         return self.gpus[i].get(key) if 0 <= i < len(self.gpus) else None

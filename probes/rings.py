@@ -8,7 +8,8 @@ reversed (full-duplex links: the other direction is idle in ring 0). Ring k >= 2
 further cycle in which a directed link already used by u earlier rings counts 1/(u+1) of
 its score (the rings would share it), so it prefers links the earlier rings left idle.
 Inside a host of up to ``EXACT_LIMIT`` ranks the search is exhaustive; larger hosts use a
-greedy start improved by 2-opt moves.
+greedy start, improved by 2-opt moves up to ``TWO_OPT_LIMIT`` ranks (a 2-opt pass costs
+O(n³): 256 ranks took 2 s, 1024 did not end in 10 minutes).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Sequence
 
 #: Largest host (ranks) searched exhaustively: 7! = 5040 cycles per ring.
 EXACT_LIMIT = 8
+#: Largest host (ranks) whose greedy cycle is improved by 2-opt (~0.3 s at 128).
+TWO_OPT_LIMIT = 128
 
 Score = Sequence[Sequence[float]]
 
@@ -80,7 +83,7 @@ def _heuristic_cycle(nodes: Sequence[int], score: Score,
         left.remove(nxt)
     # 2-opt: reverse a segment while that improves the value; bounded passes.
     best_val = _cycle_value(cycle, score, used, True)
-    for _ in range(4):
+    for _ in range(4 if len(cycle) <= TWO_OPT_LIMIT else 0):
         improved = False
         for i in range(1, len(cycle) - 1):
             for j in range(i + 1, len(cycle)):

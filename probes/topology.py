@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._sysfs import format_cpulist, parse_cpulist
+from ._sysfs import format_cpulist
 
 FORMAT = "ringtune-topology"
 VERSION = 1
@@ -267,6 +267,12 @@ class Topology:
     def from_dict(cls, data: Any, source: str = "<topology>") -> Topology:
         """Build and check a ``Topology`` from plain data; ``TopologyError`` names
         ``source`` and the key path of the first problem."""
+        from .safeload import InputError, check_kind
+
+        try:
+            check_kind(data, "topology", source)
+        except InputError as exc:
+            raise TopologyError(str(exc)) from None
         try:
             return _from_dict(data)
         except TopologyError as exc:
@@ -274,24 +280,23 @@ class Topology:
 
     @classmethod
     def from_yaml(cls, text: str, source: str = "<topology>") -> Topology:
-        import yaml
+        """Parse (bounded, plain YAML only: ``probes.safeload``) and check."""
+        from .safeload import InputError, parse_text
 
         try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise TopologyError(f"{source}:{where}: not valid YAML: {problem}") from None
+            data = parse_text(text, source)
+        except InputError as exc:
+            raise TopologyError(str(exc)) from None
         return cls.from_dict(data, source)
 
     @classmethod
     def from_json(cls, text: str, source: str = "<topology>") -> Topology:
+        from .safeload import InputError, parse_json
+
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TopologyError(f"{source}: line {exc.lineno}: not valid JSON: {exc.msg}") \
-                from None
+            data = parse_json(text, source)
+        except InputError as exc:
+            raise TopologyError(str(exc)) from None
         return cls.from_dict(data, source)
 
     # -- fingerprint and summary ------------------------------------------------------
@@ -467,6 +472,43 @@ def _to_data(obj: Any, name: str = "") -> Any:
     return obj
 
 
+#: Largest CPU number in a CPU list (Linux's NR_CPUS is at most 8192 today): a range such as
+#: ``0-1000000000`` would otherwise expand to a billion numbers.
+MAX_CPUS = 1 << 16
+MAX_INT = (1 << 63) - 1
+
+
+def _short(value: Any) -> str:
+    """A value for a message: collections by their type, long text cut."""
+    if isinstance(value, (dict, list, tuple)):
+        return type(value).__name__
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _cpu_list(text: str, where: str) -> tuple[int, ...]:
+    """A CPU list as sysfs writes it (``"0-3,8,10-11"``), strictly: a file is refused for
+    a malformed part or a CPU number of ``MAX_CPUS`` or more (``parse_cpulist``, which reads
+    what the kernel writes, skips malformed parts)."""
+    cpus: set[int] = set()
+    for part in text.replace("\n", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            first = int(lo)
+            last = int(hi) if sep else first
+        except ValueError:
+            raise TopologyError(f"{where}: {_short(part)} is not a CPU number or a range such "
+                                "as 0-3") from None
+        if not 0 <= first <= last < MAX_CPUS:
+            raise TopologyError(f"{where}: CPU range {_short(part)}: expected 0 ≤ first ≤ last "
+                                f"< {MAX_CPUS}")
+        cpus.update(range(first, last + 1))
+    return tuple(sorted(cpus))
+
+
 def _type_name(tp: Any) -> str:
     return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(
         tp, getattr(tp, "__name__", str(tp)))
@@ -482,23 +524,36 @@ def _convert(tp: Any, value: Any, where: str, name: str) -> Any:
         return _convert(others[0], value, where, name)
     if origin is tuple:
         if name in _CPU_FIELDS and isinstance(value, str):
-            return parse_cpulist(value)
+            return _cpu_list(value, where)
         if not isinstance(value, (list, tuple)):
-            raise TopologyError(f"{where}: expected a list, got {value!r}")
-        return tuple(_convert(args[0], v, f"{where}[{i}]", "") for i, v in enumerate(value))
+            raise TopologyError(f"{where}: expected a list, got {_short(value)}")
+        out = tuple(_convert(args[0], v, f"{where}[{i}]", "") for i, v in enumerate(value))
+        if name in _CPU_FIELDS and any(c >= MAX_CPUS for c in out):
+            raise TopologyError(f"{where}: CPU numbers must be below {MAX_CPUS}")
+        return out
     if dataclasses.is_dataclass(tp):
         return _record(tp, value, where)
+    # Every number of a topology is a count, an index, a size, a rate or a time: never
+    # negative, never infinite (an infinite bandwidth overflowed the ring-order scores).
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TopologyError(f"{where}: expected a number, got {value!r}")
-        return float(value)
+            raise TopologyError(f"{where}: expected a number, got {_short(value)}")
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number) or number < 0:
+            raise TopologyError(f"{where}: expected a finite number ≥ 0, got {value!r}")
+        return number
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TopologyError(f"{where}: expected an integer, got {value!r}")
+            raise TopologyError(f"{where}: expected an integer, got {_short(value)}")
+        if not 0 <= value <= MAX_INT:
+            raise TopologyError(f"{where}: expected an integer 0..{MAX_INT}, got {value!r}")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise TopologyError(f"{where}: expected a string, got {value!r}")
+            raise TopologyError(f"{where}: expected a string, got {_short(value)}")
         return value
     raise TopologyError(f"{where}: unsupported field type {_type_name(tp)}")
 
@@ -506,7 +561,7 @@ def _convert(tp: Any, value: Any, where: str, name: str) -> Any:
 def _record(cls: Any, data: Any, where: str) -> Any:
     if not isinstance(data, Mapping):
         raise TopologyError(f"{where or 'top level'}: expected a mapping of keys, got "
-                            f"{data!r}")
+                            f"{_short(data)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if not f.name.startswith("_")}
     unknown = [k for k in data if k not in fields]
@@ -526,14 +581,14 @@ def _record(cls: Any, data: Any, where: str) -> Any:
 
 def _from_dict(data: Any) -> Topology:
     if not isinstance(data, Mapping):
-        raise TopologyError(f"top level: expected a mapping with 'hosts', got {data!r}")
+        raise TopologyError(f"top level: expected a mapping with 'hosts', got {_short(data)}")
     data = dict(data)
     fmt = data.pop("format", FORMAT)
     if fmt != FORMAT:
-        raise TopologyError(f"format: expected {FORMAT!r}, got {fmt!r}")
+        raise TopologyError(f"format: expected {FORMAT!r}, got {_short(fmt)}")
     version = data.pop("version", VERSION)
-    if version != VERSION:
-        raise TopologyError(f"version: expected {VERSION}, got {version!r} (this ringtune "
+    if version != VERSION or isinstance(version, bool):
+        raise TopologyError(f"version: expected {VERSION}, got {_short(version)} (this ringtune "
                             f"reads version {VERSION})")
     data.pop("fingerprint", None)  # derived: recomputed from the facts
     data.pop("summary", None)

@@ -44,6 +44,8 @@ from .rhd import RhdSchedule
 
 #: Algorithms that can run along one dimension of the grid.
 INNER: tuple[str, ...] = ("multiring", "rhd", "native")
+#: Most grid dimensions (a world of 2^22 ranks, the most a profile allows, has 22 of size 2).
+MAX_DIMS = 24
 
 
 def check_dims(value: Any, world_size: int) -> list[int] | str:
@@ -60,6 +62,9 @@ def check_dims(value: Any, world_size: int) -> list[int] | str:
             f"dims: expected 'auto' or a list of positive integers (innermost first, e.g. "
             f"[4, 16, 4]), got {value!r}"
         )
+    if len(value) > MAX_DIMS:
+        raise ValueError(f"dims: {len(value)} dimensions; at most {MAX_DIMS} (a dimension of "
+                         "size 1 does nothing: leave it out)")
     if prod(value) != world_size:
         raise ValueError(
             f"dims: {list(value)!r} has product {prod(value)}, but the world has {world_size} "
@@ -169,6 +174,11 @@ class Hierarchical(Algorithm):
         p = super().check_params(params, world_size)
         dims = check_dims(p.get("dims", "auto"), world_size)
         ndims = None if dims == "auto" else len(dims)
+        if ndims is None and isinstance(p.get("inner"), (list, tuple)):
+            # With dims 'auto' the number of dimensions is known only at run time (from the
+            # hosts); a list of names could not be checked against it until every call.
+            raise ValueError("inner: a list of names (one per dimension) needs dims; give "
+                             "dims, or one name for every dimension (e.g. inner: rhd)")
         return {
             "dims": dims,
             "rings": check_rings(p.get("rings", 1)),

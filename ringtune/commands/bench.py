@@ -53,9 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def parse_params(items: list[str]) -> dict[str, Any]:
     """``["rings=2", "chunk_bytes=1M", "order=[[0,1],[1,0]]"]`` → typed dict."""
-    import yaml
-
     from collectives.bench import parse_size
+    from probes.safeload import InputError, parse_text
 
     out: dict[str, Any] = {}
     for item in items:
@@ -69,8 +68,11 @@ def parse_params(items: list[str]) -> dict[str, Any]:
             except ValueError:
                 pass
         try:
-            out[key] = yaml.safe_load(text)
-        except yaml.YAMLError:
+            # Bounded like every file (an alias bomb in a flag is no better than in one).
+            out[key] = parse_text(text, f"--param {key}")
+        except InputError as exc:
+            if "not valid YAML" not in str(exc):
+                raise
             out[key] = text
     return out
 

@@ -213,7 +213,7 @@ def test_broken_profile_on_one_rank_fails_everywhere(folder: str) -> None:
         write_profile(profile_dict(), path)
     WORLD.Barrier()
     result = outcome(lambda: Communicator(WORLD, profile=path))
-    fails = [] if result.startswith("ProfileError") and "invalid YAML" in result \
+    fails = [] if result.startswith("ProfileError") and "not valid YAML" in result \
         else [f"unexpected: {result}"]
     agree(fails)
 

@@ -160,7 +160,7 @@ BAD: dict[str, tuple[Any, str, bool]] = {
                           "rules[0].measured.busbw_gbps:", True),
     "unknown_rule_key": (_with(lambda d: d["rules"][0].update(priority=1)),
                          "rules[0].priority:", True),
-    "invalid_yaml": ("format: ringtune-profile\nrules: [\n  {min_bytes: 0,\n", "invalid YAML",
+    "invalid_yaml": ("format: ringtune-profile\nrules: [\n  {min_bytes: 0,\n", "not valid YAML",
                      None),
     "truncated_file": (None, "rules[0].max_bytes:", False),  # text built below
     "empty_file": ("", "empty", None),
