@@ -5,7 +5,7 @@ Use ``Driver`` on rank 0 only (SQLite has one writer); ``autotune.study`` broadc
 it decides to the other ranks. Use ``make_sampler`` for the Optuna sampler behind a
 ``--sampler`` name (the search-efficiency benchmark does).
 
-Persistence (DESIGN.md "Tuning procedure" 6–7): a bucket marked ``finished`` in its study is
+Persistence (docs/design.md "Tuning" 7–8): a bucket marked ``finished`` in its study is
 not searched again; a trial left RUNNING by an interrupted run is marked FAIL
 ("interrupted") and its configuration queued again. A trial that exceeded
 ``--trial-timeout`` is recorded as TIMEOUT (an Optuna FAIL whose result says so): a timeout

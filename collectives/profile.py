@@ -4,7 +4,7 @@ Use ``load_profile(path, world_size)`` to read a profile file (everything is val
 first problem raises ``ProfileError`` naming the file and the key path),
 ``Profile.select(nbytes)`` to find the rule for a message size (O(log rules)), and
 ``write_profile(profile_or_dict, path)`` to write one atomically. ``builtin_profile`` is the
-heuristic used when no profile is given. The format is DESIGN.md "Profile format"; the JSON
+heuristic used when no profile is given. The format is docs/design.md "Profile format"; the JSON
 Schema in ``profiles/schema/`` describes the same shape for editors and CI.
 """
 
@@ -92,7 +92,7 @@ class Rule:
 
 @dataclass(frozen=True)
 class Profile:
-    """A validated profile (see DESIGN.md "Profile format")."""
+    """A validated profile (see docs/design.md "Profile format")."""
 
     rules: tuple[Rule, ...]
     backend: str = "numpy"
@@ -319,7 +319,7 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
         params = dict(v.mapping(rule.get("params", {}) or {}, f"{where}.params"))
         rtrans = rule.get("transport")
         if "transport" in params:
-            # A rule may name its transport inside params too (DESIGN.md); one place only.
+            # A rule may name its transport inside params too (docs/design.md); one place only.
             if rtrans is not None and rtrans != params["transport"]:
                 v.fail(f"{where}.params.transport", f"{params['transport']!r} contradicts "
                        f"{where}.transport {rtrans!r}; give the transport once")

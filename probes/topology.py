@@ -3,8 +3,8 @@
 Use it to read what ``probes.detect`` found (``topology.hosts[0].gpus``,
 ``topology.ranks[r].gpu``), to save and load it (``to_yaml``/``from_yaml``, also
 ``to_dict``/``from_dict`` and JSON), to compare worlds (``fingerprint()``, structural facts
-only, see DESIGN.md "Topology"), to describe it in one line (``summary()``), and to ask for
-ring orders that follow it (``ring_order()``, ``ring_orders(k)``).
+only, see docs/design.md "Topology and fingerprint"), to describe it in one line
+(``summary()``), and to ask for ring orders that follow it (``ring_order()``, ``ring_orders(k)``).
 
 Unknown facts are ``None`` (or empty tuples), never guessed: a VM's ``numa_node`` of -1
 becomes ``None``, a NIC whose speed reads -1 has ``speed_mbps`` ``None``.
