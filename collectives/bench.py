@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from .backend import get_backend
 from .communicator import Communicator
 from .ops import is_integer
+from .registry import get_backend
 
 _SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 

@@ -23,15 +23,16 @@ import numpy as np
 
 from .abort import abort_world, on_error_mode, rank_line
 from .algorithms import Context, get_algorithm
-from .backend import Backend, backend_for, check_buffer_dtype, get_backend
+from .backend import Backend, check_buffer_dtype
 from .errors import AgreementError, ProfileError, TopologyMismatchError, require_agreement
 from .logs import configure as configure_logging
 from .logs import log_level
 from .ops import check_op
 from .plan import Plan
 from .profile import Profile, builtin_profile, load_profile
+from .registry import backend_for, default_transport, get_backend, make_transport
 from .tensors import as_buffer
-from .transport import Transport, default_transport, make_transport
+from .transport import Transport
 
 log = logging.getLogger("ringtune")
 

@@ -134,8 +134,7 @@ def run(args: argparse.Namespace) -> int:
     if args.transport:
         moved_by = args.transport
     elif args.algo or backend == "numpy":
-        from collectives.backend import get_backend
-        from collectives.transport import default_transport
+        from collectives.registry import default_transport, get_backend
 
         moved_by = default_transport(get_backend(backend))
     else:

@@ -155,7 +155,7 @@ class _DLPack:
 def test_views_without_copy(backend: Any) -> None:
     import cupy
 
-    from collectives.backend import backend_for
+    from collectives.registry import backend_for
 
     base = cupy.arange(12, dtype=cupy.float32).reshape(3, 4)
     for obj in (base, _Cai(base), _DLPack(base)):

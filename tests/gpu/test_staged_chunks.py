@@ -34,7 +34,7 @@ def test_gradients_larger_than_free_memory(monkeypatch: pytest.MonkeyPatch) -> N
     from mpi4py import MPI
 
     from collectives import Communicator
-    from collectives.backend import get_backend
+    from collectives.registry import get_backend
 
     world = MPI.COMM_WORLD
     rank, n = world.Get_rank(), world.Get_size()
