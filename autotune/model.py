@@ -22,9 +22,9 @@ This module holds the ``Model`` class (flows, phases, per-algorithm formulas, se
 re-exports, so that ``autotune.model.<name>`` keeps working, the names of the modules split
 from it: ``measure`` and ``combine`` (``autotune.primitives``: calibration from this
 machine's measured primitives, where ``native`` is modelled as MPICH runs it),
-``calibrate`` and ``measure_memory_gbs`` (``autotune.calibrate``: a cluster from measured
-link matrices), and ``best_guesses`` and ``default_cluster`` (``autotune.guesses``: the
-tuner's warm start).
+and ``calibrate`` and ``measure_memory_gbs`` (``autotune.calibrate``: a cluster from
+measured link matrices). The tuner's warm start built on the model (``best_guesses``,
+``default_cluster``) is ``autotune.guesses``, which imports this module.
 
 What it leaves out, on purpose: switch congestion inside a level (levels are non-blocking),
 the PCIe hop between a GPU and its NIC, an algorithm's fixed Python bookkeeping per call,
@@ -48,8 +48,6 @@ from collectives.orders import derived_cycles
 from .calibrate import calibrate as calibrate
 from .calibrate import measure_memory_gbs as measure_memory_gbs
 from .cluster import Cluster, Level
-from .guesses import best_guesses as best_guesses
-from .guesses import default_cluster as default_cluster
 from .primitives import CURVE_SIZES as CURVE_SIZES
 from .primitives import combine as combine
 from .primitives import measure as measure

@@ -37,9 +37,9 @@ from math import prod
 from typing import Any
 
 from ..orders import host_grouped_order
-from . import register
 from .base import Algorithm, Context
 from .multiring import RingSchedule, check_chunk_bytes, check_rings
+from .registry import register
 from .rhd import RhdSchedule
 
 #: Algorithms that can run along one dimension of the grid.

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..orders import ring_orders, validate_order
-from . import register
 from .base import Algorithm, Context
+from .registry import register
 
 MAX_RINGS = 16
 
