@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms.hierarchical import check_grid_fits_hosts, factorisations
+from collectives.bench import busbw
 from collectives.orders import derived_cycles
 
 from .calibrate import calibrate as calibrate
@@ -86,13 +87,6 @@ class Prediction:
                 continue
             parts.append(f"{k}={v}")
         return f"{self.algorithm}({', '.join(parts)})"
-
-
-def busbw(nbytes: float, seconds: float, n: int) -> float:
-    """nccl-tests bus bandwidth in GB/s."""
-    if seconds <= 0 or n <= 1:
-        return 0.0
-    return float(nbytes) / float(seconds) * 2.0 * (n - 1) / n / 1e9
 
 
 @dataclass
@@ -413,7 +407,7 @@ class Model:
                 best_p[name][i] = _concrete(params, int(i))
         return {
             name: [Prediction(name, best_p[name][i], int(sizes[i]), float(best_t[name][i]) * 1e6,
-                              busbw(sizes[i], float(best_t[name][i]), self.n))
+                              busbw(sizes[i], float(best_t[name][i]) * 1e6, self.n))
                    for i in range(len(sizes))]
             for name in best_t
         }
@@ -423,7 +417,7 @@ class Model:
         ``limit``, the runners-up of any algorithm (distinct configurations)."""
         sizes = np.array([float(nbytes)])
         preds = [Prediction(name, _concrete(params, 0), nbytes, float(t[0]) * 1e6,
-                            busbw(nbytes, float(t[0]), self.n))
+                            busbw(nbytes, float(t[0]) * 1e6, self.n))
                  for name, params, t in self.candidates(sizes)]
         preds.sort(key=lambda p: p.time_us)
         firsts: dict[str, Prediction] = {}

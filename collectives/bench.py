@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .communicator import Communicator
-from .ops import is_integer
+from .ops import is_integer, itemsize
 from .registry import get_backend
 
 _SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -66,6 +66,14 @@ def size_list(begin: int, end: int, factor: float) -> list[int]:
 def busbw_factor(n: int) -> float:
     """``2(n−1)/n``: bus bandwidth per algorithm bandwidth for allreduce."""
     return 2.0 * (n - 1) / n if n > 0 else 0.0
+
+
+def busbw(nbytes: float, time_us: float, n: int) -> float:
+    """nccl-tests' bus bandwidth in GB/s of an allreduce of ``nbytes`` taking ``time_us`` on
+    ``n`` ranks (0 for a time that is not positive)."""
+    if time_us <= 0:
+        return 0.0
+    return float(nbytes) / (float(time_us) * 1e-6) / 1e9 * busbw_factor(n)
 
 
 # -- closed-form check data ------------------------------------------------------------
@@ -221,8 +229,7 @@ def time_allreduce(comm: Communicator, count: int, dtype: str = "float32", op: s
     comm.comm.Allreduce(local, slowest, op=MPI.MAX)
     samples = tuple(float(s) * 1e6 for s in slowest)
     t_us = statistics.median(samples) if samples else 0.0
-    itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
-    nbytes = count * itemsize
+    nbytes = count * itemsize(dtype)
     algbw = nbytes / (t_us * 1e-6) / 1e9 if t_us > 0 else 0.0
     if algorithm is None:
         plan = comm.plan_for(nbytes)
@@ -242,10 +249,10 @@ def run_bench(comm: Communicator, sizes: Sequence[int], dtype: str = "float32",
               on_row: Any = None) -> list[Measurement]:
     """Check (when ``check``) and time each size; ``on_row(m)`` is called per row (rank 0
     prints as it goes, so long runs show progress)."""
-    itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    size = itemsize(dtype)
     rows = []
     for nbytes in sizes:
-        count = nbytes // itemsize
+        count = nbytes // size
         wrong: int | None = None
         if check:
             res = check_allreduce(comm, count, dtype, op, algorithm, params, transport,

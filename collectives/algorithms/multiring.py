@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..ops import itemsize as dtype_itemsize
 from ..orders import ring_orders, validate_order
 from .base import Algorithm, Context
 from .registry import register
@@ -103,7 +104,7 @@ class RingSchedule:
         self.rings: list[_Ring] = []
         if self.trivial:
             return
-        itemsize = _itemsize(dtype)
+        itemsize = dtype_itemsize(dtype)
         maxpiece = -(-max(ln for _, ln in blocks) // rings)
         chunk = max(1, chunk_bytes // itemsize) if chunk_bytes else max(1, maxpiece)
         perms = ring_orders(order, rings, n, ctx.hosts, ctx.topology, ctx.world_ranks)
@@ -238,9 +239,3 @@ class Multiring(Algorithm):
         self.schedule.run(buf)
 
 
-def _itemsize(dtype: str) -> int:
-    if dtype == "bfloat16":
-        return 2
-    import numpy as np
-
-    return int(np.dtype(dtype).itemsize)

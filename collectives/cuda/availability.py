@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..launcher import local_size
 from .binding import bind_device, current_binding, shared_gpus
-from .detect import cuda_aware_mpi, cupy_status, local_size, nccl_status
+from .detect import cuda_aware_mpi, cupy_status, nccl_status
 
 
 def gpus_shared_here() -> bool:

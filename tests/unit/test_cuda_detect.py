@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from collectives import launcher as L
 from collectives.cuda import binding as B
 from collectives.cuda import detect as D
 
@@ -81,13 +82,13 @@ def test_query_reports_missing_symbol(tmp_path: object) -> None:
 ])
 def test_local_rank_from_launcher_variables(env: dict[str, str], rank: int,
                                             source: str) -> None:
-    assert D.local_rank(env) == (rank, source)
+    assert L.local_rank(env) == (rank, source)
 
 
 def test_local_size_and_world_rank_from_variables() -> None:
-    assert D.local_size({"MPI_LOCALNRANKS": "4"}) == 4
-    assert D.local_size({"OMPI_COMM_WORLD_LOCAL_SIZE": "8"}) == 8
-    assert D.local_size({}) is None
+    assert L.local_size({"MPI_LOCALNRANKS": "4"}) == 4
+    assert L.local_size({"OMPI_COMM_WORLD_LOCAL_SIZE": "8"}) == 8
+    assert L.local_size({}) is None
     assert D.world_rank({"PMI_RANK": "7"}) == 7
     assert D.world_rank({}) == 0
 
@@ -100,7 +101,7 @@ def test_hydra_sets_the_local_rank_variables(tmp_path: Path) -> None:
         pytest.skip("no mpiexec next to the interpreter")
     # Each rank writes its own file: the launcher merges the ranks' stdout streams in
     # arbitrary pieces, so printed records can interleave mid-line.
-    code = ("import os; from collectives.cuda.detect import local_rank, local_size; "
+    code = ("import os; from collectives.launcher import local_rank, local_size; "
             f"r = local_rank(); p = os.path.join({str(tmp_path)!r}, os.environ['PMI_RANK']); "
             "open(p, 'w').write(f'{r[0]} {r[1]} {local_size()}')")
     out = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", code],
