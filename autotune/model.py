@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives.algorithms.hierarchical import check_grid_fits_hosts, factorisations
+from collectives.algorithms.hierarchical import INNER, check_grid_fits_hosts, factorisations
 from collectives.bench import busbw
 from collectives.orders import derived_cycles
 
@@ -59,9 +59,10 @@ MPICH_SHORT_BYTES = 2048
 ALGORITHMS: tuple[str, ...] = ("native", "multiring", "rhd", "hierarchical")
 #: Configurations searched for ``best`` (chunk 0 = whole segment).
 RINGS: tuple[int, ...] = (1, 2, 4, 8)
+#: A coarse subset of the searched chunk sizes (``multiring.chunk_choices``): the model
+#: ranks whole families of configurations, one array of sizes at a time.
 CHUNKS: tuple[int, ...] = (0, 1 << 18, 1 << 20, 1 << 22)
 HIER_RINGS: tuple[int, ...] = (1, 2, 4)
-INNER: tuple[str, ...] = ("multiring", "rhd", "native")
 
 
 @dataclass(frozen=True)

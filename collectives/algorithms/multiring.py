@@ -48,6 +48,13 @@ def check_rings(value: Any) -> int:
     return value
 
 
+def chunk_choices(segment_bytes: int) -> list[int]:
+    """The ``chunk_bytes`` values worth searching for a segment of ``segment_bytes``: 0
+    (the whole segment) and the powers of two from 16 KiB up to 64 MiB that are smaller than
+    the segment (a larger chunk behaves as 0)."""
+    return [0] + [1 << k for k in range(14, 27) if (1 << k) < segment_bytes]
+
+
 def check_chunk_bytes(value: Any) -> int:
     if (
         not isinstance(value, int)
@@ -218,8 +225,7 @@ class Multiring(Algorithm):
         # does not depend on ``rings`` so that the sampler learns one chunk_bytes across ring
         # counts (a chunk larger than a ring's segment behaves as 0).
         seg = max(1, nbytes // max(1, world_size))
-        choices = [0] + [1 << k for k in range(14, 27) if (1 << k) < seg]
-        chunk = trial.suggest_categorical("multiring.chunk_bytes", choices)
+        chunk = trial.suggest_categorical("multiring.chunk_bytes", chunk_choices(seg))
         # On up to 3 ranks every ring order is the same cycle (up to direction), so the
         # order is only searched where it can change which links a ring uses.
         orders = ["topology", "identity"] if world_size > 3 else ["topology"]
