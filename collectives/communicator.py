@@ -289,10 +289,18 @@ class Communicator:
             prepared = self._prepare(key, flat, backend, op, algorithm, transport, params)
         if self._log_calls:
             self._log_call(prepared, flat, op, cached)
+        self.run_prepared(prepared, flat)
+        return buf
+
+    def run_prepared(self, prepared: _Prepared, flat: Any) -> None:
+        """Run a plan from ``prepared`` on the flat view it was prepared for: what every
+        ``allreduce`` call does after finding its plan, and the one path the benchmark
+        harness times, so every candidate pays the same per-call cost. Collective."""
+        backend = prepared.backend
         try:
             prepared.run(flat)
             if prepared.avg:
-                prepared.backend.divide(flat, self.size)
+                backend.divide(flat, self.size)
             if backend.on_gpu:
                 # GPU work is queued on the backend's own stream: wait for it, so the caller
                 # may use ``buf`` on any stream (see collectives/cuda/backend.py).
@@ -301,7 +309,6 @@ class Communicator:
             if self._raise_failures():
                 raise
             self._abort(exc, prepared.plan, flat)
-        return buf
 
     def _log_call(self, prepared: _Prepared, flat: Any, op: str, cached: bool) -> None:
         self._calls += 1
