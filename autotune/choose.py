@@ -16,11 +16,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from collectives import Communicator, __version__
-from collectives.bench import time_allreduce
+from collectives.bench import busbw, time_allreduce
+from collectives.ops import itemsize
 from collectives.profile import FORMAT, VERSION
 
 from . import space
-from .objective import busbw, timing_for
+from .objective import timing_for
 from .records import BucketSummary, Choice, TuneOptions
 
 #: Share of ``--budget`` kept for the final A/B re-measurement.
@@ -38,9 +39,7 @@ def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[Buck
     s = summaries[i]
     n = runtime.size
     nbytes = s.nbytes
-    itemsize = 2 if opts.dtype == "bfloat16" else int(__import__("numpy").dtype(
-        opts.dtype).itemsize)
-    count = nbytes // itemsize
+    count = nbytes // itemsize(opts.dtype)
     backend = opts.backend if opts.backend in ("numpy", "cupy") else "numpy"
 
     def check(a: str, p: Mapping[str, Any]) -> bool:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import importlib
 import random
 import time
 import warnings
@@ -231,19 +230,15 @@ class Driver:
                 exact = None
             out.append(exact or first)
         guesses: list[tuple[str, dict[str, Any]]] = []
+        # Imported here: the model pulls in NumPy-heavy code the driver's other paths skip.
+        from .guesses import best_guesses
+
         try:
-            # The cost model is written separately; optional until it exists.
-            model = importlib.import_module("autotune.model")
-            best_guesses = model.best_guesses
-        except (ImportError, AttributeError):
-            best_guesses = None
-        if best_guesses is not None:
-            try:
-                guesses.extend((a, dict(p)) for a, p in
-                               best_guesses(self.world_size, self.nbytes)[:3])
-            except Exception as exc:  # noqa: BLE001 - a guess is only a head start
-                warnings.warn(f"cost model guesses unavailable: {exc}", RuntimeWarning,
-                              stacklevel=2)
+            guesses.extend((a, dict(p)) for a, p in
+                           best_guesses(self.world_size, self.nbytes)[:3])
+        except Exception as exc:  # noqa: BLE001 - a guess is only a head start
+            warnings.warn(f"cost model guesses unavailable: {exc}", RuntimeWarning,
+                          stacklevel=2)
         _, rule = builtin_profile(self.world_size).select(self.nbytes)
         guesses.append((rule.algorithm, dict(rule.params)))
         guesses.append(("multiring", {"rings": 2, "chunk_bytes": 0, "order": "topology"}))

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from collectives.ops import itemsize
+
 #: Smallest bucket size tried (below it every tensor is its own message anyway).
 MIN_BUCKET_BYTES = 4 << 10
 
@@ -41,7 +43,7 @@ def search_bucket_bytes(comm: Any, profile: Any, tensor_bytes: list[int], dtype:
     from collectives import Communicator
 
     runtime = Communicator(comm, profile=profile)
-    item = np.dtype(dtype).itemsize
+    item = itemsize(dtype)
     bufs = [np.ones(max(1, b // item), dtype=dtype) for b in tensor_bytes]
     total = sum(int(b.nbytes) for b in bufs)
     sizes = candidates(total)

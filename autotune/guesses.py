@@ -2,8 +2,7 @@
 
 Use it where the tuner (``autotune.driver``) enqueues its first trials, or anywhere a
 short list of likely-best (algorithm, params) pairs for one world size and message size is
-wanted; with nothing measured it runs the model on ``default_cluster``. ``autotune.model``
-re-exports both names.
+wanted; with nothing measured it runs the model on ``default_cluster``.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ from typing import Any
 
 from .calibrate import calibrate
 from .cluster import Cluster, Level
+from .model import Model
 
 
 def default_cluster(world_size: int) -> Cluster:
@@ -42,9 +42,6 @@ def best_guesses(world_size: int, nbytes: int, calibration: Any = None,
 
     ``calibration``: ``None`` (generic figures), a ``Cluster``, a measured link matrix or a
     ``Topology`` with links (see ``calibrate``)."""
-    # Imported here: ``autotune.model`` imports this module to re-export its names.
-    from .model import Model
-
     if world_size <= 1:
         return [("native", {})]
     cluster = default_cluster(world_size) if calibration is None else calibrate(calibration)

@@ -22,9 +22,9 @@ This module holds the ``Model`` class (flows, phases, per-algorithm formulas, se
 re-exports, so that ``autotune.model.<name>`` keeps working, the names of the modules split
 from it: ``measure`` and ``combine`` (``autotune.primitives``: calibration from this
 machine's measured primitives, where ``native`` is modelled as MPICH runs it),
-``calibrate`` and ``measure_memory_gbs`` (``autotune.calibrate``: a cluster from measured
-link matrices), and ``best_guesses`` and ``default_cluster`` (``autotune.guesses``: the
-tuner's warm start).
+and ``calibrate`` and ``measure_memory_gbs`` (``autotune.calibrate``: a cluster from
+measured link matrices). The tuner's warm start built on the model (``best_guesses``,
+``default_cluster``) is ``autotune.guesses``, which imports this module.
 
 What it leaves out, on purpose: switch congestion inside a level (levels are non-blocking),
 the PCIe hop between a GPU and its NIC, an algorithm's fixed Python bookkeeping per call,
@@ -42,14 +42,13 @@ from typing import Any
 
 import numpy as np
 
-from collectives.algorithms.hierarchical import check_grid_fits_hosts, factorisations
+from collectives.algorithms.hierarchical import INNER, check_grid_fits_hosts, factorisations
+from collectives.bench import busbw
 from collectives.orders import derived_cycles
 
 from .calibrate import calibrate as calibrate
 from .calibrate import measure_memory_gbs as measure_memory_gbs
 from .cluster import Cluster, Level
-from .guesses import best_guesses as best_guesses
-from .guesses import default_cluster as default_cluster
 from .primitives import CURVE_SIZES as CURVE_SIZES
 from .primitives import combine as combine
 from .primitives import measure as measure
@@ -60,9 +59,10 @@ MPICH_SHORT_BYTES = 2048
 ALGORITHMS: tuple[str, ...] = ("native", "multiring", "rhd", "hierarchical")
 #: Configurations searched for ``best`` (chunk 0 = whole segment).
 RINGS: tuple[int, ...] = (1, 2, 4, 8)
+#: A coarse subset of the searched chunk sizes (``multiring.chunk_choices``): the model
+#: ranks whole families of configurations, one array of sizes at a time.
 CHUNKS: tuple[int, ...] = (0, 1 << 18, 1 << 20, 1 << 22)
 HIER_RINGS: tuple[int, ...] = (1, 2, 4)
-INNER: tuple[str, ...] = ("multiring", "rhd", "native")
 
 
 @dataclass(frozen=True)
@@ -88,13 +88,6 @@ class Prediction:
                 continue
             parts.append(f"{k}={v}")
         return f"{self.algorithm}({', '.join(parts)})"
-
-
-def busbw(nbytes: float, seconds: float, n: int) -> float:
-    """nccl-tests bus bandwidth in GB/s."""
-    if seconds <= 0 or n <= 1:
-        return 0.0
-    return float(nbytes) / float(seconds) * 2.0 * (n - 1) / n / 1e9
 
 
 @dataclass
@@ -415,7 +408,7 @@ class Model:
                 best_p[name][i] = _concrete(params, int(i))
         return {
             name: [Prediction(name, best_p[name][i], int(sizes[i]), float(best_t[name][i]) * 1e6,
-                              busbw(sizes[i], float(best_t[name][i]), self.n))
+                              busbw(sizes[i], float(best_t[name][i]) * 1e6, self.n))
                    for i in range(len(sizes))]
             for name in best_t
         }
@@ -425,7 +418,7 @@ class Model:
         ``limit``, the runners-up of any algorithm (distinct configurations)."""
         sizes = np.array([float(nbytes)])
         preds = [Prediction(name, _concrete(params, 0), nbytes, float(t[0]) * 1e6,
-                            busbw(nbytes, float(t[0]), self.n))
+                            busbw(nbytes, float(t[0]) * 1e6, self.n))
                  for name, params, t in self.candidates(sizes)]
         preds.sort(key=lambda p: p.time_us)
         firsts: dict[str, Prediction] = {}

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from collectives import Communicator
-from collectives.bench import busbw_factor, check_allreduce, time_allreduce
+from collectives.bench import check_allreduce, time_allreduce
+from collectives.ops import itemsize
 
 from .space import split_transport
 
@@ -70,8 +71,7 @@ def evaluate(comm: Communicator, nbytes: int, dtype: str, op: str, algorithm: st
     ``params`` (GPU configurations) is the transport the candidate is checked and timed
     with.
     """
-    itemsize = _itemsize(dtype)
-    count = nbytes // itemsize
+    count = nbytes // itemsize(dtype)
     own, transport = split_transport(params)
     try:
         check = check_allreduce(comm, count, dtype, op, algorithm, own, transport=transport,
@@ -99,15 +99,3 @@ def evaluate(comm: Communicator, nbytes: int, dtype: str, op: str, algorithm: st
         # so a 64 MiB bucket does not hold one scratch per configuration tried.
         comm.clear_plans()
 
-
-def busbw(nbytes: int, time_us: float, world_size: int) -> float:
-    """Bus bandwidth in GB/s of ``nbytes`` reduced in ``time_us`` on ``world_size`` ranks."""
-    if time_us <= 0:
-        return 0.0
-    return nbytes / (time_us * 1e-6) / 1e9 * busbw_factor(world_size)
-
-
-def _itemsize(dtype: str) -> int:
-    import numpy as np
-
-    return 2 if dtype == "bfloat16" else int(np.dtype(dtype).itemsize)

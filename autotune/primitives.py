@@ -50,8 +50,8 @@ def measure(comm: Any, sizes: Sequence[int] = CURVE_SIZES, reps: int = 7,
 
     from mpi4py import MPI
 
-    from collectives.backend import get_backend
-    from collectives.transport import MpiTransport
+    from collectives.registry import get_backend
+    from collectives.transports.mpi import MpiTransport
 
     n, rank = comm.Get_size(), comm.Get_rank()
     sizes = sorted(int(s) for s in sizes)

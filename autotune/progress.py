@@ -12,7 +12,7 @@ import sys
 import time
 from typing import TextIO
 
-from .objective import busbw
+from collectives.bench import busbw
 
 
 class Progress:

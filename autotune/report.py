@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from collectives.atomic import atomic_path, write_text_atomic
+from collectives.plan import params_text
 
 
 def human_bytes(n: int | None) -> str:
@@ -28,18 +29,8 @@ def human_bytes(n: int | None) -> str:
 
 
 def _params_text(params: Mapping[str, Any]) -> str:
-    """``rings=2 chunk_bytes=65536 dims=2x4 inner=rhd,multiring``."""
-    if not params:
-        return "-"
-
-    def short(v: Any) -> str:
-        if isinstance(v, list) and all(isinstance(x, int) for x in v):
-            return "x".join(map(str, v))
-        if isinstance(v, list) and all(isinstance(x, str) for x in v):
-            return ",".join(v)
-        return str(v)
-
-    return " ".join(f"{k}={short(v)}" for k, v in params.items())
+    """``rings=2 chunk_bytes=65536 dims=2x4 inner=rhd,multiring``, ``-`` without any."""
+    return params_text(params) or "-"
 
 
 def _with_transport(profile: Mapping[str, Any], rule: Mapping[str, Any]) -> dict[str, Any]:

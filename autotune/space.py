@@ -18,6 +18,7 @@ from typing import Any
 
 from collectives.algorithms import algorithm_names, get_algorithm
 from collectives.algorithms.base import Algorithm
+from collectives.plan import config_text
 
 #: Name of the top-level Optuna parameter that picks the algorithm.
 ALGORITHM_PARAM = "algorithm"
@@ -97,17 +98,8 @@ def config_key(algorithm: str, params: Mapping[str, Any]) -> str:
 
 
 def describe(algorithm: str, params: Mapping[str, Any]) -> str:
-    """``multiring rings=2 chunk_bytes=1048576`` for people."""
-    if not params:
-        return algorithm
-    return algorithm + " " + " ".join(f"{k}={_short(v)}" for k, v in params.items())
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, list):
-        return "x".join(map(str, v)) if all(isinstance(x, int) for x in v) else ",".join(
-            map(str, v))
-    return str(v)
+    """``multiring rings=2 chunk_bytes=1048576`` for people (``collectives.plan``)."""
+    return config_text(algorithm, params)
 
 
 class _Branch(Exception):

@@ -26,7 +26,8 @@ import time
 from typing import Any, TextIO
 
 from collectives import Communicator
-from collectives.bench import time_allreduce
+from collectives.bench import busbw, time_allreduce
+from collectives.ops import itemsize
 from collectives.profile import builtin_profile, dump_profile, write_profile
 
 from . import replay, space, storage_errors
@@ -34,7 +35,7 @@ from .choose import AB_SHARE, ab_choice, build_profile, native_config
 from .driver import SAMPLERS, Driver
 from .lockstep import abort, on_root
 from .naming import default_storage, study_name, world_identity
-from .objective import TrialOutcome, busbw, evaluate, timing_for
+from .objective import TrialOutcome, evaluate, timing_for
 from .progress import Progress, best_text, size_text
 from .records import BucketSummary, Choice, TuneError, TuneOptions, TuneResult
 from .storelock import storage_lock
@@ -255,11 +256,10 @@ def _tune_bucket(comm: Any, runtime: Communicator, opts: TuneOptions, storage: A
                       f"earlier ({finished}, {summary.evaluated} trials), not redone")
         return summary
     # Iterations per candidate from a short timing of native (same on every rank).
-    itemsize = 2 if opts.dtype == "bfloat16" else int(__import__("numpy").dtype(
-        opts.dtype).itemsize)
     native, native_params = native_config(opts, n)
     own, transport = space.split_transport(native_params)
-    sample = time_allreduce(runtime, nbytes // itemsize, opts.dtype, opts.op, native, own,
+    count = nbytes // itemsize(opts.dtype)
+    sample = time_allreduce(runtime, count, opts.dtype, opts.op, native, own,
                             warmup=1, iters=3, transport=transport, backend=opts.backend)
     timing = timing_for(sample.time_us)
     # This bucket's share of what is left of the search budget (later buckets are larger).

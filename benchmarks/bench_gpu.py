@@ -52,8 +52,8 @@ def _time_ms(fn: Any, stream: Any, iters: int, reps: int = 5) -> float:
 def kernel(args: argparse.Namespace) -> dict[str, Any]:
     import cupy
 
-    from collectives.backend import get_backend
     from collectives.cuda import current_binding
+    from collectives.registry import get_backend
 
     be: Any = get_backend("cupy")
     stream = be.stream

@@ -26,9 +26,9 @@ from mpi4py import MPI
 
 from autotune import space
 from autotune.driver import make_sampler as _make_sampler
-from autotune.objective import COMPLETE, Timing, busbw, evaluate, timing_for
+from autotune.objective import COMPLETE, Timing, evaluate, timing_for
 from collectives import Communicator
-from collectives.bench import parse_size, time_allreduce
+from collectives.bench import busbw, parse_size, time_allreduce
 from collectives.profile import builtin_profile
 
 

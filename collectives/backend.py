@@ -1,10 +1,10 @@
 """Array backends: the few array operations the algorithms need, on NumPy or CuPy arrays.
 
 Algorithms never call NumPy or CuPy directly; they call a ``Backend``. That keeps one
-implementation of each algorithm for host and GPU buffers. ``backend_for(buf)`` picks the
-backend from the buffer itself; the CuPy backend (``collectives.cuda``) is imported only
-when a GPU buffer arrives or ``get_backend("cupy")`` is asked for, so ``import collectives``
-stays light.
+implementation of each algorithm for host and GPU buffers. This module holds the interface
+and the NumPy backend; ``collectives.registry`` finds backends by name (``get_backend``) or
+from a buffer (``backend_for``), and loads a plug-in's backend (CuPy) only when a GPU buffer
+arrives or it is asked for by name, so ``import collectives`` stays light.
 """
 
 from __future__ import annotations
@@ -50,6 +50,16 @@ class Backend(ABC):
 
     def synchronize(self) -> None:
         """Wait until queued work on this backend's arrays is done (no-op on the host)."""
+
+    def default_transport(self) -> str:
+        """The transport for this backend's buffers when neither the call nor the profile
+        names one."""
+        return "mpi"
+
+    def mpi_refusal(self) -> str | None:
+        """Why MPI cannot be handed this backend's buffers (the sentence says what to do),
+        or ``None`` when it can."""
+        return None
 
     def to_numpy(self, buf: Any) -> np.ndarray:
         """``buf``'s contents on the host: a host array as it is, a GPU buffer copied down
@@ -99,11 +109,13 @@ class NumpyBackend(Backend):
             np.divide(buf, buf.dtype.type(n), out=buf)
 
 
-_NUMPY = NumpyBackend()
-_BACKENDS: dict[str, Backend] = {"numpy": _NUMPY}
+#: The one NumPy backend instance (backends are shared by plans).
+NUMPY = NumpyBackend()
 
 
-def _is_gpu_array(buf: Any) -> bool:
+def is_gpu_array(buf: Any) -> bool:
+    """Whether ``buf`` lives in GPU memory: it exposes ``__cuda_array_interface__`` (CuPy)
+    or a CUDA DLPack device (a torch CUDA tensor)."""
     try:
         # A property that raises (torch bfloat16 tensors do) still marks a GPU array.
         buf.__cuda_array_interface__  # noqa: B018 - evaluated for its exception
@@ -120,37 +132,6 @@ def _is_gpu_array(buf: Any) -> bool:
             return False
         return int(kind) in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
     return False
-
-
-def get_backend(name: str) -> Backend:
-    """The backend called ``name`` (``numpy`` or ``cupy``); ``ValueError`` if unknown or
-    unavailable (the message says what to install)."""
-    if name in _BACKENDS:
-        return _BACKENDS[name]
-    if name == "cupy":
-        try:
-            from .cuda import CupyBackend
-        except ImportError as exc:
-            raise ValueError(
-                f"backend 'cupy' is not available ({exc}); install it with "
-                "`pip install ringtune[cuda]` on a machine with a GPU"
-            ) from exc
-        _BACKENDS[name] = CupyBackend()
-        return _BACKENDS[name]
-    raise ValueError(f"unknown backend {name!r}: use 'numpy' or 'cupy'")
-
-
-def backend_for(buf: Any) -> Backend:
-    """The backend that owns ``buf``: NumPy arrays → numpy; CuPy arrays, objects exposing
-    ``__cuda_array_interface__`` or a CUDA DLPack device (a torch CUDA tensor) → cupy."""
-    if isinstance(buf, np.ndarray):
-        return _NUMPY
-    if _is_gpu_array(buf):
-        return get_backend("cupy")
-    raise TypeError(
-        f"unsupported buffer type {type(buf).__name__}: pass a NumPy array, a CuPy array, or "
-        "a GPU tensor exposing DLPack / __cuda_array_interface__"
-    )
 
 
 def check_buffer_dtype(backend: Backend, dtype: Any) -> str:

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from .backend import get_backend
 from .communicator import Communicator
-from .ops import is_integer
+from .ops import is_integer, itemsize
+from .registry import get_backend
 
 _SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -66,6 +66,14 @@ def size_list(begin: int, end: int, factor: float) -> list[int]:
 def busbw_factor(n: int) -> float:
     """``2(n−1)/n``: bus bandwidth per algorithm bandwidth for allreduce."""
     return 2.0 * (n - 1) / n if n > 0 else 0.0
+
+
+def busbw(nbytes: float, time_us: float, n: int) -> float:
+    """nccl-tests' bus bandwidth in GB/s of an allreduce of ``nbytes`` taking ``time_us`` on
+    ``n`` ranks (0 for a time that is not positive)."""
+    if time_us <= 0:
+        return 0.0
+    return float(nbytes) / (float(time_us) * 1e-6) / 1e9 * busbw_factor(n)
 
 
 # -- closed-form check data ------------------------------------------------------------
@@ -188,41 +196,72 @@ class Measurement:
     busbw_gbps: float
     samples_us: tuple[float, ...] = field(default=(), repr=False)
     wrong: int | None = None
+    #: How ``time_us`` was measured (``TIMINGS``).
+    timing: str = "per-iter"
+
+
+#: The ways ``time_allreduce`` measures a call, and what each figure means.
+TIMINGS: dict[str, str] = {
+    "per-iter": "median over iterations of the slowest rank's time, each iteration started "
+                "by a barrier",
+    "back-to-back": "iterations run back to back after one barrier, total time / iterations, "
+                    "averaged over ranks (all_reduce_perf's default)",
+}
+
+
+def check_timing(timing: str) -> str:
+    """``timing`` if it is one of ``TIMINGS``, else ``ValueError`` naming them."""
+    if timing not in TIMINGS:
+        raise ValueError(f"timing {timing!r}: use one of {', '.join(TIMINGS)}")
+    return timing
 
 
 def time_allreduce(comm: Communicator, count: int, dtype: str = "float32", op: str = "sum",
                    algorithm: str | None = None, params: Mapping[str, Any] | None = None,
                    warmup: int = 5, iters: int = 20, transport: str | None = None,
-                   backend: str = "numpy") -> Measurement:
+                   backend: str = "numpy", timing: str = "per-iter") -> Measurement:
     """Time ``iters`` allreduces after ``warmup`` untimed ones (collective).
 
-    The buffer starts at zero so repeated reductions neither overflow nor hit denormals."""
+    Every candidate — ``native`` included — is timed the same way: its plan is prepared
+    once, and each timed call is ``Communicator.run_prepared`` (what ``allreduce`` runs
+    once it has found the plan), so no candidate pays per-call work another skips.
+    ``timing`` (``TIMINGS``): ``per-iter`` or ``back-to-back``. The buffer starts at zero
+    so repeated reductions neither overflow nor hit denormals."""
+    check_timing(timing)
     be, buf = _make_buffer(backend, count, dtype)
     _upload(be, buf, np.zeros(count, dtype=np.dtype(dtype) if dtype != "bfloat16"
                                  else np.float32))
     p = dict(params or {})
-    run = comm.allreduce
+    prepared = comm.prepared(buf, op=op, algorithm=algorithm, transport=transport, **p)
+    flat = be.as_flat(buf)
+    run = comm.run_prepared
     for _ in range(warmup):
-        run(buf, op=op, algorithm=algorithm, transport=transport, **p)
-    sync = be.synchronize if be.on_gpu else None
+        run(prepared, flat)
     barrier = comm.comm.Barrier
     clock = time.perf_counter
-    local = np.empty(iters, dtype=np.float64)
-    for i in range(iters):
-        barrier()
-        t0 = clock()
-        run(buf, op=op, algorithm=algorithm, transport=transport, **p)
-        if sync is not None:
-            sync()
-        local[i] = clock() - t0
     from mpi4py import MPI
 
-    slowest = np.empty_like(local)
-    comm.comm.Allreduce(local, slowest, op=MPI.MAX)
-    samples = tuple(float(s) * 1e6 for s in slowest)
+    if timing == "back-to-back":
+        barrier()
+        t0 = clock()
+        for _ in range(iters):
+            run(prepared, flat)
+        mine = np.array([(clock() - t0) / max(1, iters)])
+        total = np.empty_like(mine)
+        comm.comm.Allreduce(mine, total, op=MPI.SUM)
+        samples: tuple[float, ...] = (float(total[0]) / comm.size * 1e6,)
+    else:
+        local = np.empty(iters, dtype=np.float64)
+        for i in range(iters):
+            barrier()
+            t0 = clock()
+            run(prepared, flat)
+            local[i] = clock() - t0
+        slowest = np.empty_like(local)
+        comm.comm.Allreduce(local, slowest, op=MPI.MAX)
+        samples = tuple(float(s) * 1e6 for s in slowest)
     t_us = statistics.median(samples) if samples else 0.0
-    itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
-    nbytes = count * itemsize
+    nbytes = count * itemsize(dtype)
     algbw = nbytes / (t_us * 1e-6) / 1e9 if t_us > 0 else 0.0
     if algorithm is None:
         plan = comm.plan_for(nbytes)
@@ -230,7 +269,7 @@ def time_allreduce(comm: Communicator, count: int, dtype: str = "float32", op: s
     else:
         name, used = algorithm, p
     return Measurement(nbytes, count, dtype, op, name, used, t_us, algbw,
-                       algbw * busbw_factor(comm.size), samples)
+                       algbw * busbw_factor(comm.size), samples, timing=timing)
 
 
 # -- the table ---------------------------------------------------------------------------
@@ -239,13 +278,13 @@ def run_bench(comm: Communicator, sizes: Sequence[int], dtype: str = "float32",
               op: str = "sum", algorithm: str | None = None,
               params: Mapping[str, Any] | None = None, warmup: int = 5, iters: int = 20,
               check: bool = True, transport: str | None = None, backend: str = "numpy",
-              on_row: Any = None) -> list[Measurement]:
+              on_row: Any = None, timing: str = "per-iter") -> list[Measurement]:
     """Check (when ``check``) and time each size; ``on_row(m)`` is called per row (rank 0
     prints as it goes, so long runs show progress)."""
-    itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    size = itemsize(dtype)
     rows = []
     for nbytes in sizes:
-        count = nbytes // itemsize
+        count = nbytes // size
         wrong: int | None = None
         if check:
             res = check_allreduce(comm, count, dtype, op, algorithm, params, transport,
@@ -254,7 +293,7 @@ def run_bench(comm: Communicator, sizes: Sequence[int], dtype: str = "float32",
                 raise ValueError(res.error)
             wrong = res.wrong
         m = time_allreduce(comm, count, dtype, op, algorithm, params, warmup, iters,
-                           transport, backend)
+                           transport, backend, timing)
         m = Measurement(**{**asdict(m), "samples_us": m.samples_us, "wrong": wrong})
         rows.append(m)
         if on_row is not None:

@@ -23,15 +23,16 @@ import numpy as np
 
 from .abort import abort_world, on_error_mode, rank_line
 from .algorithms import Context, get_algorithm
-from .backend import Backend, backend_for, check_buffer_dtype, get_backend
+from .backend import Backend, check_buffer_dtype
 from .errors import AgreementError, ProfileError, TopologyMismatchError, require_agreement
 from .logs import configure as configure_logging
 from .logs import log_level
 from .ops import check_op
 from .plan import Plan
 from .profile import Profile, builtin_profile, load_profile
+from .registry import backend_for, default_transport, get_backend, make_transport
 from .tensors import as_buffer
-from .transport import Transport, default_transport, make_transport
+from .transport import Transport
 
 log = logging.getLogger("ringtune")
 
@@ -288,10 +289,18 @@ class Communicator:
             prepared = self._prepare(key, flat, backend, op, algorithm, transport, params)
         if self._log_calls:
             self._log_call(prepared, flat, op, cached)
+        self.run_prepared(prepared, flat)
+        return buf
+
+    def run_prepared(self, prepared: _Prepared, flat: Any) -> None:
+        """Run a plan from ``prepared`` on the flat view it was prepared for: what every
+        ``allreduce`` call does after finding its plan, and the one path the benchmark
+        harness times, so every candidate pays the same per-call cost. Collective."""
+        backend = prepared.backend
         try:
             prepared.run(flat)
             if prepared.avg:
-                prepared.backend.divide(flat, self.size)
+                backend.divide(flat, self.size)
             if backend.on_gpu:
                 # GPU work is queued on the backend's own stream: wait for it, so the caller
                 # may use ``buf`` on any stream (see collectives/cuda/backend.py).
@@ -300,7 +309,6 @@ class Communicator:
             if self._raise_failures():
                 raise
             self._abort(exc, prepared.plan, flat)
-        return buf
 
     def _log_call(self, prepared: _Prepared, flat: Any, op: str, cached: bool) -> None:
         self._calls += 1

@@ -34,7 +34,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from .backend import Backend, backend_for
+from .backend import Backend
+from .registry import backend_for
 from .tensors import as_buffer
 
 #: Bucket size without a tuned profile: DDP's default bucket (bucket_cap_mb=25).

@@ -30,6 +30,13 @@ def dtype_name(dtype: Any) -> str:
     return str(np.dtype(dtype)) if not isinstance(dtype, str) or dtype != "bfloat16" else dtype
 
 
+def itemsize(dtype: Any) -> int:
+    """Bytes per element of ``dtype`` (a name, ``numpy.dtype`` or type); ``bfloat16`` is 2
+    whether or not NumPy knows the type (ml_dtypes)."""
+    name = dtype_name(dtype)
+    return 2 if name == "bfloat16" else int(np.dtype(name).itemsize)
+
+
 def check_dtype(dtype: Any, extra: tuple[str, ...] = ()) -> str:
     """Return the canonical dtype name if supported, else raise ``TypeError``."""
     try:

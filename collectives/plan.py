@@ -12,6 +12,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def _value_text(v: Any) -> str:
+    if isinstance(v, list) and v and all(isinstance(x, int) for x in v):
+        return "x".join(map(str, v))
+    if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+        return ",".join(v)
+    return str(v)
+
+
+def params_text(params: Mapping[str, Any]) -> str:
+    """A configuration's parameters for people: ``rings=2 chunk_bytes=65536 dims=2x4
+    inner=rhd,multiring`` (an empty string without parameters). The one formatter of
+    configurations: logs, reports, progress lines and exported comments use it."""
+    return " ".join(f"{k}={_value_text(v)}" for k, v in params.items())
+
+
+def config_text(algorithm: str, params: Mapping[str, Any]) -> str:
+    """``multiring rings=2 chunk_bytes=1048576``: the algorithm and ``params_text``."""
+    text = params_text(params)
+    return f"{algorithm} {text}" if text else algorithm
+
+
 @dataclass(frozen=True)
 class Plan:
     """The choice for a message size: algorithm, its parameters, the transport, and why."""
@@ -30,5 +51,6 @@ class Plan:
     measured: Mapping[str, Any] | None = None
 
     def describe_params(self) -> str:
-        """``rings=2 chunk_bytes=1048576`` style text, or an empty string."""
-        return " ".join(f"{k}={v}" for k, v in self.params.items())
+        """``rings=2 chunk_bytes=1048576`` style text (``params_text``), or an empty
+        string."""
+        return params_text(self.params)

@@ -204,7 +204,8 @@ def profile_from_dict(data: Any, name: str = "<profile>",
     """
     from .shapes import pick
 
-    data, section = pick(data, world_size if world_size is not None else section_for, name)
+    data, section = pick(data, world_size if world_size is not None else section_for, name,
+                         profile_from_dict)
     v = _Validator(name)
     if data is None:
         v.fail("", "the file is empty; expected a ringtune profile (format: ringtune-profile)")
@@ -250,7 +251,7 @@ def profile_from_dict(data: Any, name: str = "<profile>",
     if world_size is None and "shapes" in data:
         from .shapes import check
 
-        check(data, name)
+        check(data, name, profile_from_dict)
     if world_size is not None and ws != world_size:
         v.fail("topology.world_size",
                f"profile was tuned for {ws} ranks, this world has {world_size}; tune this "

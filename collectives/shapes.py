@@ -6,14 +6,14 @@ A profile's top level is its main shape (``topology`` + ``rules``, as in every p
 the optional ``shapes`` list holds the others, each ``{topology, rules, source}`` with
 ``source`` either ``tuned`` (measured by ``ringtune tune --shapes``) or ``predicted`` (the
 cost model's choice for a shape nobody tuned, started from the nearest tuned shape's
-winners; ``from_world_size`` names that shape). Use ``pick(data, world_size)`` before
-validation: it returns the profile mapping of the section for that world (the top level
+winners; ``from_world_size`` names that shape). Use ``pick(data, world_size, name,
+validate)`` before validation: it returns the profile mapping of the section for that world (the top level
 when it matches, or there are no sections) and the note ``explain`` prints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import ProfileError
@@ -42,11 +42,14 @@ def merged(data: Mapping[str, Any], section: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-def check(data: Mapping[str, Any], name: str) -> None:
-    """Validate every section (``ProfileError`` naming ``shapes[i]``): the top level is
-    validated by the caller as usual."""
-    from .profile import profile_from_dict
+#: Validates one whole-profile mapping (``collectives.profile.profile_from_dict``, passed in
+#: by the profile module so that this module does not import it back).
+Validate = Callable[[Mapping[str, Any], str], Any]
 
+
+def check(data: Mapping[str, Any], name: str, validate: Validate) -> None:
+    """Validate every section with ``validate`` (``ProfileError`` naming ``shapes[i]``): the
+    top level is validated by the caller as usual."""
     value = data.get("shapes")
     if value is None:
         return
@@ -70,7 +73,7 @@ def check(data: Mapping[str, Any], name: str) -> None:
             raise ProfileError(f"{where}.from_world_size: a predicted section names the "
                                "tuned world size it was predicted from (an integer)")
         try:
-            profile_from_dict(merged(data, sec), f"{where}")
+            validate(merged(data, sec), f"{where}")
         except ProfileError as exc:
             raise ProfileError(str(exc).replace(f"{where}: ", f"{where}.", 1)) from None
         if _world(sec) in seen:
@@ -79,11 +82,12 @@ def check(data: Mapping[str, Any], name: str) -> None:
         seen.add(_world(sec))
 
 
-def pick(data: Any, world_size: int | None, name: str) -> tuple[Any, str]:
+def pick(data: Any, world_size: int | None, name: str,
+         validate: Validate) -> tuple[Any, str]:
     """(the profile mapping for ``world_size``, note for ``explain``)."""
     if not isinstance(data, Mapping) or world_size is None or "shapes" not in data:
         return data, ""
-    check(data, name)
+    check(data, name, validate)
     if _world(data) == world_size:
         return {k: v for k, v in data.items() if k != "shapes"}, (
             f"the {world_size}-rank section (main shape)")

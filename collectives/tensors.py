@@ -13,7 +13,6 @@ passes NumPy arrays never pays for torch (and ``import collectives`` stays light
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 
@@ -26,10 +25,9 @@ def is_torch_tensor(buf: Any) -> bool:
 
 
 def _rank() -> str:
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if name in os.environ:
-            return os.environ[name]
-    return "0"
+    from .launcher import launcher_rank
+
+    return str(launcher_rank())
 
 
 def check_tensor(t: Any) -> None:

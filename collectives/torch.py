@@ -91,7 +91,7 @@ class HookState:
         """On the communication thread: every rank has the same bucket and can serve it."""
         problem = ""
         try:
-            from .backend import backend_for
+            from .registry import backend_for
 
             backend_for(as_buffer(buf))
         except (TypeError, ValueError, ImportError) as exc:

@@ -4,8 +4,10 @@ allreduce (what the ``native`` algorithm calls).
 Algorithms see only ``Transport.start(sends, recvs)``, which posts a batch of sends and
 receives and returns a ``Pending`` to wait on. A batch is the unit NCCL needs
 (``groupStart``/``groupEnd``) and costs nothing extra with MPI, so one interface serves
-``mpi``, ``staged`` (pinned-host staging of GPU buffers) and ``nccl``. The GPU transports
-live in ``collectives.cuda`` and are imported only when asked for.
+``mpi``, ``staged`` (pinned-host staging of GPU buffers) and ``nccl``. This module holds
+the interface and the MPI helpers every transport shares; each transport is a module of its
+own (``collectives.transports.mpi``; ``staged`` and ``nccl`` in the GPU plug-in), found by
+name through ``collectives.registry``.
 
 Messages between the same pair of ranks with the same tag are matched in posting order
 (MPI's non-overtaking rule; NCCL's stream order), which is what the ring algorithms rely on.
@@ -21,9 +23,6 @@ from typing import Any
 import numpy as np
 
 from .backend import Backend
-
-#: Transport names, in order of preference for host buffers.
-TRANSPORTS: tuple[str, ...] = ("mpi", "staged", "nccl")
 
 
 class Pending(ABC):
@@ -150,96 +149,3 @@ def host_allreduce(comm: Any, arr: np.ndarray, op: str) -> None:
     wide = arr.astype(np.float32)
     comm.Allreduce(MPI.IN_PLACE, wide, op=mpi_op(op))
     arr[...] = wide.astype(arr.dtype)
-
-
-class MpiTransport(Transport):
-    """mpi4py ``Isend``/``Irecv`` on host arrays, or on GPU arrays when MPI is CUDA-aware.
-
-    Arrays travel as raw bytes, so every dtype moves the same way (float16 and bfloat16
-    included); the reduction happens in the backend, never in MPI.
-    """
-
-    name = "mpi"
-
-    def __init__(self, comm: Any, backend: Backend) -> None:
-        super().__init__(comm, backend)
-        from mpi4py import MPI
-
-        self._byte = MPI.BYTE
-        self._isend = comm.Isend
-        self._irecv = comm.Irecv
-        self._waitall = MPI.Request.Waitall
-        from .stall import stall_timeout, watched_waitall
-
-        timeout = stall_timeout()
-        self._watched = watched_waitall(timeout, comm) if timeout else None
-
-    def start(
-        self,
-        sends: Sequence[tuple[Any, int, int]],
-        recvs: Sequence[tuple[Any, int, int]],
-    ) -> Pending:
-        if self.backend.on_gpu:
-            # mpi4py does not synchronise CuPy streams: data must be ready before MPI reads
-            # it, and a receive must not land under a kernel still writing the same memory.
-            self.backend.synchronize()
-        byte = self._byte
-        rreqs = [self._irecv([a, byte], src, tag) for a, src, tag in recvs]
-        sreqs = [self._isend([a, byte], dst, tag) for a, dst, tag in sends]
-        if self._watched is not None:
-            return _WatchedPending(rreqs, sreqs, self._watched,
-                                   ([s for _, s, _ in recvs], [d for _, d, _ in sends]))
-        return _MpiPending(rreqs, sreqs, self._waitall)
-
-    def native_allreduce(self, buf: Any, op: str) -> None:
-        from mpi4py import MPI
-
-        if not mpi_reduces(buf.dtype):
-            # MPI cannot reduce this type (bfloat16; float16 in some libraries): through a
-            # host copy reduced as float32, on GPU buffers too.
-            host = self.backend.to_numpy(buf)
-            host_allreduce(self.comm, host, op)
-            self.backend.copy_into(buf, host)
-            return
-        if self.backend.on_gpu:
-            self.backend.synchronize()
-        if self._watched is not None:
-            self._watched([self.comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op(op))], [-1])
-            return
-        self.comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op(op))
-
-    def sub(self, comm: Any) -> Transport:
-        return MpiTransport(comm, self.backend)
-
-
-def make_transport(name: str, comm: Any, backend: Backend) -> Transport:
-    """A transport by name for ``comm`` and ``backend``; ``ValueError`` if it is unknown or
-    cannot serve that backend here (the message says why and what to use instead)."""
-    if name == "mpi":
-        if backend.on_gpu:
-            from .cuda import cuda_aware_mpi
-
-            if not cuda_aware_mpi():
-                raise ValueError(
-                    "transport 'mpi' cannot move GPU buffers: this MPI is not CUDA-aware "
-                    "(set RINGTUNE_CUDA_AWARE=1 if it is); use transport 'staged' or 'nccl'"
-                )
-        return MpiTransport(comm, backend)
-    if name in ("staged", "nccl"):
-        if not backend.on_gpu:
-            raise ValueError(
-                f"transport {name!r} moves GPU buffers; host (NumPy) buffers use 'mpi'"
-            )
-        from .cuda import make_gpu_transport
-
-        return make_gpu_transport(name, comm, backend)
-    raise ValueError(f"unknown transport {name!r}: use one of {', '.join(TRANSPORTS)}")
-
-
-def default_transport(backend: Backend) -> str:
-    """The transport used when neither the call nor the profile names one."""
-    if not backend.on_gpu:
-        return "mpi"
-    from .cuda import default_gpu_transport
-
-    return default_gpu_transport()

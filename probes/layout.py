@@ -28,17 +28,20 @@ def read_host(root: str = "/", responder: Any = None, name: str | None = None) -
     key = os.path.abspath(root)
     if responder is None and name is None and key in _HOSTS:
         return _HOSTS[key]
-    from . import gpu, host, net, pci
+    from .gpu import read_gpus
+    from .host import hostname, read_cpu, read_numa
+    from .net import read_nics
+    from .pci import interesting, read_pci
 
-    devices = pci.read_pci(root)
-    model, sockets, cores, ncpus = host.read_cpu(root)
-    gpus, pairs, source = gpu.read_gpus(root, devices, responder)
+    devices = read_pci(root)
+    model, sockets, cores, ncpus = read_cpu(root)
+    gpus, pairs, source = read_gpus(root, devices, responder)
     h = Host(
-        name=name if name is not None else (host.hostname() if key == "/" else
+        name=name if name is not None else (hostname() if key == "/" else
                                             os.path.basename(key)),
         cpu_model=model, sockets=sockets, cores=cores, cpus=ncpus,
-        numa=host.read_numa(root), gpus=gpus, gpu_pairs=pairs,
-        nics=net.read_nics(root, devices), pci=pci.interesting(devices), gpu_source=source,
+        numa=read_numa(root), gpus=gpus, gpu_pairs=pairs,
+        nics=read_nics(root, devices), pci=interesting(devices), gpu_source=source,
     )
     if responder is None and name is None:
         _HOSTS[key] = h

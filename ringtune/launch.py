@@ -24,26 +24,20 @@ import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
 
-from .errors import CommandFailed, UsageError
+from collectives.launcher import MPI_RANK_VARS, launcher_rank, launcher_size
 
-_RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
-              "SLURM_PROCID")
-_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+from .errors import CommandFailed, UsageError
 
 
 def under_mpiexec() -> bool:
     """True when this process was started by an MPI launcher."""
-    return any(v in os.environ for v in _RANK_VARS[:4]) or "PMI_FD" in os.environ
+    return any(v in os.environ for v in MPI_RANK_VARS) or "PMI_FD" in os.environ
 
 
 def launch_rank() -> int:
     """This process's rank from the launcher's environment (0 when not launched), read
     without initialising MPI, so errors before MPI starts print once."""
-    for v in _RANK_VARS:
-        val = os.environ.get(v)
-        if val and val.isdigit():
-            return int(val)
-    return 0
+    return launcher_rank()
 
 
 def find_mpiexec() -> str:
@@ -118,8 +112,7 @@ def check_ranks(np: int | None, oversubscribe: bool = False, what: str = "") -> 
     what = what or f"-np {np}"
     if np < 1:
         raise UsageError(f"{what}: give at least 1 rank")
-    world = next((int(os.environ[v]) for v in _SIZE_VARS
-                  if os.environ.get(v, "").isdigit()), None)
+    world = launcher_size()
     if under_mpiexec() and not os.environ.get("RINGTUNE_LAUNCHED"):
         if world is not None and world != np:
             raise UsageError(f"{what}: this run was started by mpiexec with {world} "

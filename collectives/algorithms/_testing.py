@@ -16,8 +16,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from . import register
 from .base import Algorithm, Context
+from .registry import register
 
 
 @register

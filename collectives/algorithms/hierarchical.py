@@ -37,9 +37,9 @@ from math import prod
 from typing import Any
 
 from ..orders import host_grouped_order
-from . import register
 from .base import Algorithm, Context
-from .multiring import RingSchedule, check_chunk_bytes, check_rings
+from .multiring import RingSchedule, check_chunk_bytes, check_rings, chunk_choices
+from .registry import register
 from .rhd import RhdSchedule
 
 #: Algorithms that can run along one dimension of the grid.
@@ -192,8 +192,7 @@ class Hierarchical(Algorithm):
         dims = [int(d) for d in trial.suggest_categorical("hierarchical.dims", grids).split("x")]
         rings = trial.suggest_int("hierarchical.rings", 1, 4)
         seg = max(1, nbytes // max(1, world_size * rings))
-        choices = [0] + [1 << k for k in range(14, 27) if (1 << k) < seg]
-        chunk = trial.suggest_categorical("hierarchical.chunk_bytes", choices)
+        chunk = trial.suggest_categorical("hierarchical.chunk_bytes", chunk_choices(seg))
         inner = [trial.suggest_categorical(f"hierarchical.inner{j}", list(INNER))
                  for j in range(len(dims))]
         return {"dims": dims, "rings": rings, "chunk_bytes": chunk, "inner": inner}

@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..ops import itemsize as dtype_itemsize
 from ..orders import ring_orders, validate_order
-from . import register
 from .base import Algorithm, Context
+from .registry import register
 
 MAX_RINGS = 16
 
@@ -45,6 +46,13 @@ def check_rings(value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RINGS:
         raise ValueError(f"rings: expected an integer 1..{MAX_RINGS}, got {value!r}")
     return value
+
+
+def chunk_choices(segment_bytes: int) -> list[int]:
+    """The ``chunk_bytes`` values worth searching for a segment of ``segment_bytes``: 0
+    (the whole segment) and the powers of two from 16 KiB up to 64 MiB that are smaller than
+    the segment (a larger chunk behaves as 0)."""
+    return [0] + [1 << k for k in range(14, 27) if (1 << k) < segment_bytes]
 
 
 def check_chunk_bytes(value: Any) -> int:
@@ -103,7 +111,7 @@ class RingSchedule:
         self.rings: list[_Ring] = []
         if self.trivial:
             return
-        itemsize = _itemsize(dtype)
+        itemsize = dtype_itemsize(dtype)
         maxpiece = -(-max(ln for _, ln in blocks) // rings)
         chunk = max(1, chunk_bytes // itemsize) if chunk_bytes else max(1, maxpiece)
         perms = ring_orders(order, rings, n, ctx.hosts, ctx.topology, ctx.world_ranks)
@@ -217,8 +225,7 @@ class Multiring(Algorithm):
         # does not depend on ``rings`` so that the sampler learns one chunk_bytes across ring
         # counts (a chunk larger than a ring's segment behaves as 0).
         seg = max(1, nbytes // max(1, world_size))
-        choices = [0] + [1 << k for k in range(14, 27) if (1 << k) < seg]
-        chunk = trial.suggest_categorical("multiring.chunk_bytes", choices)
+        chunk = trial.suggest_categorical("multiring.chunk_bytes", chunk_choices(seg))
         # On up to 3 ranks every ring order is the same cycle (up to direction), so the
         # order is only searched where it can change which links a ring uses.
         orders = ["topology", "identity"] if world_size > 3 else ["topology"]
@@ -238,9 +245,3 @@ class Multiring(Algorithm):
         self.schedule.run(buf)
 
 
-def _itemsize(dtype: str) -> int:
-    if dtype == "bfloat16":
-        return 2
-    import numpy as np
-
-    return int(np.dtype(dtype).itemsize)

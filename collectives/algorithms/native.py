@@ -17,8 +17,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from . import register
 from .base import Algorithm, Context
+from .registry import register
 
 _IMPL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _warned: set[str] = set()
@@ -47,17 +47,17 @@ class Native(Algorithm):
             raise ValueError(f"impl: expected the name of one of the library's allreduce "
                              f"algorithms (or auto), got {impl!r}")
         if impl != "auto":
-            from .. import mpit
+            from ..mpit import choice_value, unavailable_reason
 
-            if not mpit.unavailable_reason():
-                mpit.choice_value(impl)  # ValueError naming the installed algorithms
+            if not unavailable_reason():
+                choice_value(impl)  # ValueError naming the installed algorithms
         return out
 
     @classmethod
     def search_space(cls, trial: Any, world_size: int, nbytes: int) -> dict[str, Any]:
-        from .. import mpit
+        from ..mpit import native_algorithms
 
-        impls = ["auto", *mpit.native_algorithms()]
+        impls = ["auto", *native_algorithms()]
         if len(impls) == 1:
             return {}
         impl = trial.suggest_categorical("native.impl", impls)
@@ -80,12 +80,12 @@ class Native(Algorithm):
 def _selector(impl: str, transport: str) -> Any:
     """The ``mpit.Selector`` for ``impl``, or None (with one warning) where the library's
     algorithms cannot be chosen: NCCL on GPU buffers, or an MPI other than MPICH."""
-    from .. import mpit
+    from ..mpit import Selector, unavailable_reason
 
     why = ("NCCL chooses its own algorithm" if transport == "nccl"
-           else mpit.unavailable_reason())
+           else unavailable_reason())
     if not why:
-        return mpit.Selector(impl)
+        return Selector(impl)
     if impl not in _warned:
         _warned.add(impl)
         warnings.warn(f"native impl={impl}: {why}; running the library's default allreduce "

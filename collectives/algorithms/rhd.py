@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import register
 from .base import Algorithm, Context
+from .registry import register
 
 
 class RhdSchedule:

@@ -2,8 +2,9 @@
 CUDA-aware MPI detection, and one-rank-per-GPU device binding.
 
 Nothing here imports CuPy until GPU work is asked for: ``CupyBackend`` is loaded on first
-access (``collectives.backend`` does that when a GPU buffer arrives or ``get_backend("cupy")``
-is called), and the probes import CuPy, NCCL or NVML only when called. So
+access (``collectives.registry`` does that when a GPU buffer arrives or
+``get_backend("cupy")`` is called; importing this package registers the backend and the
+transports there), and the probes import CuPy, NCCL or NVML only when called. So
 ``import collectives`` stays light on machines without a GPU.
 
 Entry points:
@@ -19,11 +20,20 @@ Entry points:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .binding import DeviceBinding, bind_device, current_binding, shared_gpus
-from .detect import cuda_aware_mpi, cuda_aware_reason, cupy_status, local_size, nccl_status
+from ..backend import Backend
+from ..registry import register_backend, register_transport
+from ..transport import Transport
+from .availability import (
+    available_transports,
+    default_gpu_transport,
+    gpu_record,
+    gpus_shared_here,
+    nccl_one_gpu_per_rank,
+)
+from .binding import DeviceBinding, bind_device, current_binding
+from .detect import cuda_aware_mpi, cuda_aware_reason, nccl_status
 from .errors import GpuError
 
 if TYPE_CHECKING:
@@ -36,7 +46,7 @@ GPU_TRANSPORTS: tuple[str, ...] = ("nccl", "mpi", "staged")
 def __getattr__(name: str) -> Any:
     # CupyBackend lives in a module that imports CuPy at its top; load it on first access
     # so that ``from collectives.cuda import CupyBackend`` raises ImportError (which
-    # ``collectives.backend.get_backend`` turns into "install ringtune[cuda]") only then.
+    # ``collectives.registry.get_backend`` turns into "install ringtune[cuda]") only then.
     if name == "CupyBackend":
         from .backend import CupyBackend
 
@@ -44,87 +54,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def gpus_shared_here() -> bool:
-    """Local heuristic: True when the launcher puts more ranks on this host than CUDA shows
-    GPUs (then ranks share GPUs and ``nccl`` cannot be used). False when either number is
-    unknown. It is wrong where the launcher gives each rank its own ``CUDA_VISIBLE_DEVICES``
-    (Slurm, one GPU per task: every rank sees one GPU); ``available_transports(comm)``
-    decides from the ranks' actual devices instead."""
-    ranks = local_size()
-    if ranks is None:
-        return False
-    ok, _ = cupy_status()
-    if not ok:
-        return False
-    import cupy
-
-    return ranks > int(cupy.cuda.runtime.getDeviceCount())
-
-
-def gpu_record() -> tuple[str, str] | None:
-    """This rank's (host name, GPU key) for the one-GPU-per-rank decision: the key is the
-    bound device's PCI bus id (``device N`` when CUDA gives none). Binds the device by local
-    rank when nothing is bound yet (what the CuPy backend would do on first use). ``None``
-    without CuPy or a usable GPU."""
-    ok, _ = cupy_status()
-    if not ok:
-        return None
-    from mpi4py import MPI
-
-    try:
-        binding = current_binding() or bind_device()
-    except Exception:  # noqa: BLE001 - no usable GPU on this rank: it cannot take part
-        return None
-    return (MPI.Get_processor_name(), binding.pci_bus_id or f"device {binding.device}")
-
-
-def nccl_one_gpu_per_rank(records: Sequence[tuple[str, str] | None]) -> bool:
-    """The collective ``nccl`` decision from every rank's ``gpu_record()``: every rank has
-    a GPU and no two ranks of one host use the same one (``records[r]`` is rank r's)."""
-    if any(rec is None for rec in records):
-        return False
-    return not shared_gpus([rec for rec in records if rec is not None])
-
-
-def available_transports(comm: Any = None) -> list[str]:
-    """The transports that can move GPU buffers here, best first: ``nccl`` (NCCL installed
-    and one GPU per rank), ``mpi`` (MPI is CUDA-aware), ``staged`` (always, given a GPU).
-    Empty without CuPy or a GPU.
-
-    With ``comm`` (an mpi4py communicator; collective: call it on every rank of ``comm``)
-    "one GPU per rank" is decided from every rank's (host name, bound device PCI bus id),
-    which also holds where each rank has its own ``CUDA_VISIBLE_DEVICES``; without one, from
-    the local heuristic ``gpus_shared_here()``. The other entries stay per-rank facts: a
-    caller that needs one list for all ranks intersects the gathered lists (the tuner
-    does)."""
-    ok, _ = cupy_status()
-    if comm is not None:
-        # Every rank takes part in the gather, with or without a GPU, so none is left
-        # waiting in it.
-        records = comm.allgather(gpu_record() if ok else None)
-    if not ok:
-        return []
-    out = []
-    if nccl_status()[0]:
-        one_each = (nccl_one_gpu_per_rank(records) if comm is not None
-                    else not gpus_shared_here())
-        if one_each:
-            out.append("nccl")
-    if cuda_aware_mpi():
-        out.append("mpi")
-    out.append("staged")
-    return out
-
-
-def default_gpu_transport() -> str:
-    """The transport for GPU buffers when neither the call nor the profile names one: the
-    first of ``available_transports()``, or ``staged`` (whose errors then explain what is
-    missing)."""
-    found = available_transports()
-    return found[0] if found else "staged"
-
-
-def make_gpu_transport(name: str, comm: Any, backend: Any) -> Any:
+def make_gpu_transport(name: str, comm: Any, backend: Any) -> Transport:
     """A GPU transport (``staged`` or ``nccl``) over ``comm`` for ``backend``'s buffers.
     Collective over ``comm`` (the set-up agrees on what every rank can do). Raises
     ``GpuError`` naming the rank and the fix when the transport cannot work here."""
@@ -140,17 +70,36 @@ def make_gpu_transport(name: str, comm: Any, backend: Any) -> Any:
     raise ValueError(f"unknown GPU transport {name!r}: use one of {', '.join(GPU_TRANSPORTS)}")
 
 
+def _load_cupy_backend() -> Backend:
+    try:
+        from .backend import CupyBackend
+    except ImportError as exc:
+        raise ValueError(
+            f"backend 'cupy' is not available ({exc}); install it with "
+            "`pip install ringtune[cuda]` on a machine with a GPU"
+        ) from exc
+    return CupyBackend()
+
+
+# This plug-in's registrations (collectives.registry imports the package on demand).
+register_backend("cupy", _load_cupy_backend)
+register_transport("staged", lambda comm, backend: make_gpu_transport("staged", comm, backend))
+register_transport("nccl", lambda comm, backend: make_gpu_transport("nccl", comm, backend))
+
+
 __all__ = [
     "CupyBackend",
     "DeviceBinding",
     "GpuError",
     "GPU_TRANSPORTS",
     "available_transports",
+    "gpus_shared_here",
     "gpu_record",
     "nccl_one_gpu_per_rank",
     "bind_device",
     "cuda_aware_mpi",
     "cuda_aware_reason",
+    "nccl_status",
     "current_binding",
     "default_gpu_transport",
     "make_gpu_transport",

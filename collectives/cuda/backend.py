@@ -33,10 +33,19 @@ import numpy as np
 
 from ..backend import Backend
 from ..ops import DTYPES
-from . import kernels as K
 from .binding import DeviceBinding, bind_device, current_binding
-from .detect import world_rank
+from .detect import cuda_aware_mpi, world_rank
 from .errors import GpuError
+from .kernels import (
+    BLOCK,
+    EW_DTYPES,
+    EW_OPS,
+    KERNEL_OPS,
+    RAW_TYPES,
+    kernel_name,
+    launch_plan,
+    reduce_source,
+)
 
 try:
     import cupy
@@ -59,7 +68,7 @@ def bfloat16_dtype() -> np.dtype | None:
         # Run the kernel the backend would use: an older CuPy may allocate arrays of a dtype
         # it has no C type for, and only fail when a kernel is compiled for it.
         probe = cupy.zeros(2, dtype=dt)
-        cupy.ElementwiseKernel("T x", "T y", K.EW_OPS["sum"], "ringtune_sum_half")(
+        cupy.ElementwiseKernel("T x", "T y", EW_OPS["sum"], "ringtune_sum_half")(
             probe[:1], probe[1:])
         cupy.cuda.get_current_stream().synchronize()
     except Exception:  # noqa: BLE001 - CuPy < 14 rejects the dtype
@@ -195,31 +204,31 @@ class CupyBackend(Backend):
     def _reducer(self, dtype: np.dtype, op: str) -> Callable[[Any, Any, int], None]:
         name = str(dtype)
         stream = self.stream
-        if op not in K.KERNEL_OPS:
+        if op not in KERNEL_OPS:
             raise ValueError(f"no GPU reduction for op {op!r}: use one of "
-                             f"{', '.join(K.KERNEL_OPS)}")
-        if name in K.RAW_TYPES:
-            kern = cupy.RawKernel(K.reduce_source(name, op), K.kernel_name(name, op))
-            itemsize = K.RAW_TYPES[name][3]
+                             f"{', '.join(KERNEL_OPS)}")
+        if name in RAW_TYPES:
+            kern = cupy.RawKernel(reduce_source(name, op), kernel_name(name, op))
+            itemsize = RAW_TYPES[name][3]
             max_blocks = self.max_blocks
-            plan, block = K.launch_plan, (K.BLOCK,)
+            plan, block = launch_plan, (BLOCK,)
             i64, i32 = np.int64, np.int32
 
             def run(dst: Any, src: Any, n: int) -> None:
                 g = plan(int(dst.data.ptr), int(src.data.ptr), n, itemsize, max_blocks)
                 with stream:
                     kern((g.grid,), block, (dst, src, i64(n), i64(g.head), i32(g.vec)))
-        elif name in K.EW_DTYPES and name in self._dtypes:
+        elif name in EW_DTYPES and name in self._dtypes:
             ew = self._ew.get(op)
             if ew is None:
                 ew = self._ew[op] = cupy.ElementwiseKernel(
-                    "T x", "T y", K.EW_OPS[op], f"ringtune_{op}_half")
+                    "T x", "T y", EW_OPS[op], f"ringtune_{op}_half")
 
             def run(dst: Any, src: Any, n: int) -> None:
                 with stream:
                     ew(src, dst)
         else:
-            supported = ", ".join(sorted(set(K.RAW_TYPES) | (set(K.EW_DTYPES)
+            supported = ", ".join(sorted(set(RAW_TYPES) | (set(EW_DTYPES)
                                                              & set(self._dtypes))))
             raise TypeError(f"rank {self.rank}: no GPU reduction kernel for dtype {name}: use "
                             f"one of {supported}")
@@ -264,13 +273,24 @@ class CupyBackend(Backend):
         if n == 1 or int(buf.size) == 0:
             return
         with self.stream:
-            if str(buf.dtype) in K.EW_DTYPES:
+            if str(buf.dtype) in EW_DTYPES:
                 self._div_half(np.float32(n), buf)
             else:
                 self._div(buf.dtype.type(n), buf)
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+    def default_transport(self) -> str:
+        from .availability import default_gpu_transport
+
+        return default_gpu_transport()
+
+    def mpi_refusal(self) -> str | None:
+        if cuda_aware_mpi():
+            return None
+        return ("this MPI is not CUDA-aware (set RINGTUNE_CUDA_AWARE=1 if it is); use "
+                "transport 'staged' or 'nccl'")
 
     def to_numpy(self, buf: Any) -> np.ndarray:
         self.synchronize()

@@ -19,7 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .detect import local_rank, local_size, visible_devices_text, world_rank
+from probes._sysfs import normalize_bus_id as parse_bus_id
+
+from ..launcher import local_rank, local_size
+from .detect import visible_devices_text, world_rank
 from .errors import GpuError
 
 
@@ -62,20 +65,15 @@ def choose_device(local_rank: int, visible: int) -> int:
 
 
 def normalize_bus_id(bus_id: str | bytes) -> str:
-    """A PCI bus id as ``dddd:bb:dd.f`` in lower case. NVML writes an 8-digit domain
-    (``00000000:3B:00.0``), CUDA and sysfs 4 digits; some tools omit the domain."""
-    text = bus_id.decode("ascii", "replace") if isinstance(bus_id, bytes) else str(bus_id)
-    text = text.strip().rstrip("\x00").lower()
-    try:
-        head, fn = text.rsplit(".", 1)
-        parts = head.split(":")
-        if len(parts) == 2:
-            parts.insert(0, "0")
-        domain, bus, dev = (int(p, 16) for p in parts)
-        return f"{domain:04x}:{bus:02x}:{dev:02x}.{int(fn, 16):x}"
-    except ValueError:
-        raise ValueError(f"not a PCI bus id: {text!r} (expected domain:bus:device.function)"
-                         ) from None
+    """A PCI bus id as ``dddd:bb:dd.f`` in lower case (NVML's 8-digit domain, CUDA's and
+    sysfs's 4 digits, or none). The reading is the probes' own, so a GPU bound here and the
+    same GPU found by ``probes`` compare equal; unlike it, an unreadable id raises."""
+    norm = parse_bus_id(bus_id)
+    if norm is None:
+        text = bus_id.decode("ascii", "replace") if isinstance(bus_id, bytes) else str(bus_id)
+        raise ValueError(f"not a PCI bus id: {text.strip()!r} (expected "
+                         "domain:bus:device.function)")
+    return norm
 
 
 def nvml_index_for(bus_id: str, nvml_bus_ids: Sequence[str | bytes]) -> int | None:

@@ -22,23 +22,12 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from ..launcher import launcher_rank
+
 ENV_CUDA_AWARE = "RINGTUNE_CUDA_AWARE"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-
-#: Launchers' local-rank variables, most specific first: MPICH/Hydra, Open MPI, MVAPICH2,
-#: Slurm, then the torchrun/accelerate convention.
-LOCAL_RANK_VARS: tuple[str, ...] = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                    "MV2_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK",
-                                    "SLURM_LOCALID", "LOCAL_RANK")
-#: The matching local-size variables (how many ranks share this host).
-LOCAL_SIZE_VARS: tuple[str, ...] = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                                    "MV2_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE",
-                                    "SLURM_NTASKS_PER_NODE", "LOCAL_WORLD_SIZE")
-_WORLD_RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
-                    "SLURM_PROCID", "RANK")
-
 
 # -- CUDA-aware MPI ----------------------------------------------------------------------
 
@@ -133,27 +122,6 @@ def cuda_aware_reason(env: Mapping[str, str] | None = None) -> str:
 # -- rank layout from the launcher ---------------------------------------------------------
 
 
-def _first_int(names: tuple[str, ...], env: Mapping[str, str]) -> tuple[int, str] | None:
-    for name in names:
-        raw = env.get(name, "").strip()
-        if raw.isdigit():
-            return int(raw), name
-    return None
-
-
-def local_rank(env: Mapping[str, str] | None = None) -> tuple[int, str]:
-    """This process's rank among the ranks of its host, and the variable it came from
-    (``"default"`` when no launcher variable is set: then 0)."""
-    found = _first_int(LOCAL_RANK_VARS, os.environ if env is None else env)
-    return found if found is not None else (0, "default")
-
-
-def local_size(env: Mapping[str, str] | None = None) -> int | None:
-    """How many ranks share this host, when the launcher says; else ``None``."""
-    found = _first_int(LOCAL_SIZE_VARS, os.environ if env is None else env)
-    return found[0] if found is not None and found[0] > 0 else None
-
-
 def world_rank(env: Mapping[str, str] | None = None) -> int:
     """This process's rank in MPI_COMM_WORLD, for error messages: from mpi4py when MPI is
     running (no communication), else from the launcher's variables, else 0."""
@@ -165,8 +133,7 @@ def world_rank(env: Mapping[str, str] | None = None) -> int:
                     return int(mod.COMM_WORLD.Get_rank())
             except Exception:  # noqa: BLE001 - a rank number for a message only
                 pass
-    found = _first_int(_WORLD_RANK_VARS, os.environ if env is None else env)
-    return found[0] if found is not None else 0
+    return launcher_rank(env)
 
 
 # -- CuPy, the GPU, NCCL -------------------------------------------------------------------

@@ -35,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="size multiplication factor (default 2)")
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warm-up iterations")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations")
+    p.add_argument("--timing", default="per-iter", choices=("per-iter", "back-to-back"),
+                   help="per-iter: median of the slowest rank's time per barrier-started "
+                   "iteration (default); back-to-back: total time / iterations averaged "
+                   "over ranks, as nccl-tests' all_reduce_perf reports")
     p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1),
                    help="check results (#wrong), 1 = yes (default)")
     p.add_argument("-d", "--datatype", default="float32",
@@ -117,7 +121,14 @@ def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from collectives import Communicator
-    from collectives.bench import avg_busbw, format_header, format_row, rows_to_json, run_bench
+    from collectives.bench import (
+        TIMINGS,
+        avg_busbw,
+        format_header,
+        format_row,
+        rows_to_json,
+        run_bench,
+    )
     from collectives.profile import Profile
 
     world = MPI.COMM_WORLD
@@ -136,8 +147,7 @@ def run(args: argparse.Namespace) -> int:
     if args.transport:
         moved_by = args.transport
     elif args.algo or backend == "numpy":
-        from collectives.backend import get_backend
-        from collectives.transport import default_transport
+        from collectives.registry import default_transport, get_backend
 
         moved_by = default_transport(get_backend(backend))
     else:
@@ -146,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"# ringtune bench: {comm.size} ranks on {len(set(comm.hosts))} host(s), "
               f"{what}, {args.datatype} {args.op}, backend {backend}, transport {moved_by}, "
               f"warmup {args.warmup_iters}, iters {args.iters}, check {args.check}")
+        print(f"# time: {args.timing}, {TIMINGS[args.timing]}")
         print("#")
         print("#" + format_header()[1:])
         sys.stdout.flush()
@@ -156,12 +167,13 @@ def run(args: argparse.Namespace) -> int:
 
     rows = run_bench(comm, sizes, args.datatype, args.op, args.algo, params,
                      args.warmup_iters, args.iters, bool(args.check), args.transport, backend,
-                     on_row=show)
+                     on_row=show, timing=args.timing)
     wrong = sum(m.wrong or 0 for m in rows)
     if rank0:
         if args.json:
             meta = {"ranks": comm.size, "hosts": len(set(comm.hosts)), "what": what,
-                    "dtype": args.datatype, "op": args.op, "backend": backend}
+                    "dtype": args.datatype, "op": args.op, "backend": backend,
+                    "timing": args.timing}
             text = rows_to_json(rows, meta)
             if to_stdout_json:
                 print(text)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from collectives.plan import config_text
 from collectives.profile import Profile
 
 #: The library's own selection (no line / its built-in choice in the exported file).
@@ -49,7 +50,7 @@ def plan(profile: Profile) -> list[Segment]:
     out: list[Segment] = []
     mappable = 0
     for i, rule in enumerate(profile.rules):
-        source = _describe(rule.algorithm, rule.params)
+        source = config_text(rule.algorithm, rule.params)
         if rule.algorithm == "native":
             mappable += 1
             impl = str(rule.params.get("impl", DEFAULT))
@@ -113,12 +114,6 @@ def _native_entries(profile: Profile, i: int) -> list[dict[str, Any]]:
         return []
     value = rules[i].get("native") or []
     return [dict(e) for e in value]
-
-
-def _describe(algorithm: str, params: Any) -> str:
-    if not params:
-        return algorithm
-    return algorithm + " " + " ".join(f"{k}={v}" for k, v in dict(params).items())
 
 
 def shape(profile: Profile) -> tuple[int | None, int]:

@@ -53,6 +53,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def backend() -> Any:
-    from collectives.backend import get_backend
+    from collectives.registry import get_backend
 
     return get_backend("cupy")

@@ -106,7 +106,7 @@ print("cupy", cupy.__version__, "CUDA runtime", cupy.cuda.runtime.runtimeGetVers
 print("nccl:", detect.nccl_status())
 print("CUDA-aware MPI:", detect.cuda_aware_mpi(), "-", detect.cuda_aware_reason())
 print("GPU transports here:", available_transports(), "default:", default_gpu_transport())
-from collectives.backend import get_backend
+from collectives.registry import get_backend
 be = get_backend("cupy")
 print("binding:", be.binding.describe(), "bfloat16:", "bfloat16" in be.extra_dtypes)
 EOF

@@ -78,9 +78,9 @@ def test_staged_transport_without_its_waits_delivers_wrong_data(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from mpi4py import MPI
 
-    from collectives.backend import get_backend
     from collectives.cuda.ops import CudaOps
     from collectives.cuda.transports import StagedTransport
+    from collectives.registry import get_backend
 
     be: Any = get_backend("cupy")
 
@@ -179,7 +179,7 @@ def test_the_callers_stream_is_waited_for() -> None:
     buffer was written; without it the reduction may read the buffer before the write."""
     import cupy
 
-    from collectives.backend import get_backend
+    from collectives.registry import get_backend
 
     be: Any = get_backend("cupy")
 

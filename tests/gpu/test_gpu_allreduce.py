@@ -121,7 +121,7 @@ def test_default_choice_on_gpu(comm: Any) -> None:
 def test_bfloat16_allreduce_if_supported(comm: Any) -> None:
     import cupy
 
-    from collectives.backend import get_backend
+    from collectives.registry import get_backend
 
     be: Any = get_backend("cupy")
     if "bfloat16" not in be.extra_dtypes:
@@ -140,10 +140,9 @@ def test_bfloat16_allreduce_if_supported(comm: Any) -> None:
 
 
 def test_nccl_refuses_two_ranks_on_one_gpu() -> None:
-    from collectives.backend import get_backend
     from collectives.cuda import GpuError, nccl_status
     from collectives.cuda.binding import shared_gpus
-    from collectives.transport import make_transport
+    from collectives.registry import get_backend, make_transport
 
     be: Any = get_backend("cupy")
     ok = WORLD.allgather(nccl_status()[0])
@@ -166,9 +165,9 @@ def test_transports_move_data_to_self() -> None:
     one rank owns its GPU), several pieces per message for ``staged``."""
     import cupy
 
-    from collectives.backend import get_backend
     from collectives.cuda import nccl_status
     from collectives.cuda.transports import NcclTransport, StagedTransport
+    from collectives.registry import get_backend
 
     be: Any = get_backend("cupy")
     kinds: list[Any] = [lambda: StagedTransport(MPI.COMM_SELF, be, piece_bytes=1000)]
@@ -222,7 +221,7 @@ def test_torch_tensor_allreduce(comm: Any) -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch without CUDA")
-    from collectives.backend import get_backend
+    from collectives.registry import get_backend
 
     be: Any = get_backend("cupy")
     t = torch.full((3, 5), float(comm.rank + 1), device=f"cuda:{be.device}")

@@ -40,7 +40,7 @@ def test_binding_follows_local_rank_and_names_the_bus(backend: Any) -> None:
 
     from collectives.cuda import current_binding
     from collectives.cuda.binding import normalize_bus_id
-    from collectives.cuda.detect import local_rank
+    from collectives.launcher import local_rank
 
     b = current_binding()
     assert b is not None and b.device == backend.device
@@ -155,7 +155,7 @@ class _DLPack:
 def test_views_without_copy(backend: Any) -> None:
     import cupy
 
-    from collectives.backend import backend_for
+    from collectives.registry import backend_for
 
     base = cupy.arange(12, dtype=cupy.float32).reshape(3, 4)
     for obj in (base, _Cai(base), _DLPack(base)):

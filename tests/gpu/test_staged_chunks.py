@@ -34,10 +34,13 @@ def test_gradients_larger_than_free_memory(monkeypatch: pytest.MonkeyPatch) -> N
     from mpi4py import MPI
 
     from collectives import Communicator
-    from collectives.backend import get_backend
+    from collectives.registry import get_backend
 
     world = MPI.COMM_WORLD
     rank, n = world.Get_rank(), world.Get_size()
+    # The whole-tensor allreduce below must fail on every rank and reach this test, not
+    # end the job (the default on a failed collective).
+    monkeypatch.setenv("RINGTUNE_ON_ERROR", "raise")
     comm = Communicator(world, profile=_profile(n))
     backend = get_backend("cupy")  # binds this rank's GPU: allocate after it
     cupy.cuda.Device(backend.device).use()

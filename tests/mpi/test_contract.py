@@ -137,7 +137,8 @@ def test_native_widens_half_types_mpi_cannot_reduce(comm: Any,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """An MPI without a float16 type (Open MPI; bfloat16 everywhere): ``native`` reduces a
     float32 copy and rounds back once — right, and the same on every rank."""
-    import collectives.transport as transport
+    # The mpi transport's module: where native's call looks both names up.
+    import collectives.transports.mpi as transport
 
     monkeypatch.setattr(transport, "mpi_reduces", lambda dtype: str(dtype) != "float16")
     widened: list[str] = []

@@ -22,8 +22,8 @@ from collectives.algorithms.hierarchical import (
     check_grid_fits_hosts,
     factorisations,
 )
-from collectives.backend import get_backend
-from collectives.transport import MpiTransport
+from collectives.registry import get_backend
+from collectives.transports.mpi import MpiTransport
 
 WORLD = MPI.COMM_WORLD
 N = WORLD.Get_size()

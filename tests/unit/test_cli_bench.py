@@ -84,3 +84,20 @@ def test_bad_flags_exit_2_one_line(args: list[str], word: str) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and word in lines[0], proc.stderr
+
+
+def test_bench_says_which_timing_its_figures_use(tmp_path: Path) -> None:
+    mpiexec = _mpiexec()
+    target = tmp_path / "rows.json"
+    cmd = [mpiexec, "-n", "2", sys.executable, "-m", "mpi4py", "-m", "ringtune.cli", "bench",
+           "-b", "1K", "-e", "4K", "-f", "4", "-w", "1", "-n", "3", "--algo", "native",
+           "--timing", "back-to-back", "--json", str(target)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "# time: back-to-back, iterations run back to back" in proc.stdout
+    assert json.loads(target.read_text())["timing"] == "back-to-back"
+    proc = _run(["bench", "-np", "1", "-b", "8", "-e", "8", "--timing", "mean"])
+    assert proc.returncode == 2 and "--timing" in proc.stderr
+    proc = _run(["bench", "-np", "1", "-b", "8", "-e", "8", "-n", "1", "-w", "0"])
+    assert proc.returncode == 0, proc.stderr
+    assert "# time: per-iter, median over iterations of the slowest rank" in proc.stdout

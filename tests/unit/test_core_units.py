@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from collectives.algorithms import algorithm_names, get_algorithm
-from collectives.backend import NumpyBackend, backend_for
+from collectives.backend import NumpyBackend
 from collectives.bench import (
     busbw_factor,
     expected_result,
@@ -15,6 +15,7 @@ from collectives.bench import (
     size_list,
 )
 from collectives.ops import DTYPES, OPS
+from collectives.registry import backend_for
 
 
 @pytest.mark.parametrize("text,value", [("8", 8), ("4K", 4096), ("64M", 64 << 20),

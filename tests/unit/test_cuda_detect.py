@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from collectives import launcher as L
 from collectives.cuda import binding as B
 from collectives.cuda import detect as D
 
 
 def test_import_collectives_loads_no_gpu_or_tuner_modules() -> None:
     code = ("import sys, collectives, collectives.cuda, collectives.transport, "
-            "collectives.backend\n"
+            "collectives.backend, collectives.registry\n"
+            "collectives.registry.transport_names()\n"
             "heavy = [m for m in ('cupy', 'cupyx', 'pynvml', 'optuna', 'torch') "
             "if m in sys.modules]\n"
             "print(','.join(heavy))")
@@ -80,13 +82,13 @@ def test_query_reports_missing_symbol(tmp_path: object) -> None:
 ])
 def test_local_rank_from_launcher_variables(env: dict[str, str], rank: int,
                                             source: str) -> None:
-    assert D.local_rank(env) == (rank, source)
+    assert L.local_rank(env) == (rank, source)
 
 
 def test_local_size_and_world_rank_from_variables() -> None:
-    assert D.local_size({"MPI_LOCALNRANKS": "4"}) == 4
-    assert D.local_size({"OMPI_COMM_WORLD_LOCAL_SIZE": "8"}) == 8
-    assert D.local_size({}) is None
+    assert L.local_size({"MPI_LOCALNRANKS": "4"}) == 4
+    assert L.local_size({"OMPI_COMM_WORLD_LOCAL_SIZE": "8"}) == 8
+    assert L.local_size({}) is None
     assert D.world_rank({"PMI_RANK": "7"}) == 7
     assert D.world_rank({}) == 0
 
@@ -99,7 +101,7 @@ def test_hydra_sets_the_local_rank_variables(tmp_path: Path) -> None:
         pytest.skip("no mpiexec next to the interpreter")
     # Each rank writes its own file: the launcher merges the ranks' stdout streams in
     # arbitrary pieces, so printed records can interleave mid-line.
-    code = ("import os; from collectives.cuda.detect import local_rank, local_size; "
+    code = ("import os; from collectives.launcher import local_rank, local_size; "
             f"r = local_rank(); p = os.path.join({str(tmp_path)!r}, os.environ['PMI_RANK']); "
             "open(p, 'w').write(f'{r[0]} {r[1]} {local_size()}')")
     out = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", code],
@@ -184,7 +186,7 @@ def test_without_cupy_no_gpu_transport_is_available() -> None:
 
 def test_gpu_buffer_without_cupy_names_the_fix() -> None:
     """A CUDA-array-like buffer on a rank without CuPy: the error says what to install."""
-    from collectives.backend import backend_for
+    from collectives.registry import backend_for
 
     if D.cupy_status()[0]:
         pytest.skip("CuPy and a GPU are present")
@@ -204,9 +206,8 @@ def test_gpu_buffer_without_cupy_names_the_fix() -> None:
 
 
 def test_gpu_transports_refuse_host_buffers() -> None:
-    from collectives.backend import get_backend
     from collectives.cuda import make_gpu_transport
-    from collectives.transport import make_transport
+    from collectives.registry import get_backend, make_transport
 
     np_backend = get_backend("numpy")
     for name in ("staged", "nccl"):
@@ -246,7 +247,7 @@ class _GatherComm:
 
 def _fake_gpu(monkeypatch: pytest.MonkeyPatch, record: tuple[str, str] | None,
               shared_here: bool) -> None:
-    import collectives.cuda as C
+    import collectives.cuda.availability as C
 
     monkeypatch.setattr(C, "cupy_status", lambda: (True, "1 GPU(s) visible"))
     monkeypatch.setattr(C, "nccl_status", lambda: (True, "NCCL 2.21.5"))
@@ -257,7 +258,7 @@ def _fake_gpu(monkeypatch: pytest.MonkeyPatch, record: tuple[str, str] | None,
 
 def test_collective_form_keeps_nccl_with_one_visible_gpu_per_rank(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import collectives.cuda as C
+    import collectives.cuda.availability as C
 
     # Each rank has its own CUDA_VISIBLE_DEVICES: the local heuristic (2 local ranks, 1
     # visible GPU) says "shared", the ranks' bus ids say otherwise.
@@ -270,7 +271,7 @@ def test_collective_form_keeps_nccl_with_one_visible_gpu_per_rank(
 
 def test_collective_form_drops_nccl_when_ranks_share_a_gpu(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import collectives.cuda as C
+    import collectives.cuda.availability as C
 
     _fake_gpu(monkeypatch, ("n1", "0000:3b:00.0"), shared_here=False)
     assert C.available_transports() == ["nccl", "staged"]
@@ -284,7 +285,7 @@ def test_collective_form_drops_nccl_when_ranks_share_a_gpu(
 
 def test_collective_form_gathers_even_without_cupy(monkeypatch: pytest.MonkeyPatch) -> None:
     """A rank without CuPy still takes part in the gather (no rank left waiting)."""
-    import collectives.cuda as C
+    import collectives.cuda.availability as C
 
     monkeypatch.setattr(C, "cupy_status", lambda: (False, "CuPy is not importable"))
     comm = _GatherComm([("n1", "0000:3b:00.0")])

@@ -175,6 +175,15 @@ class FakeBackend(NumpyBackend):
     def synchronize(self) -> None:
         self.ops.sync_stream(self.stream)
 
+    def default_transport(self) -> str:
+        # What CupyBackend answers: the GPU plug-in's choice.
+        from collectives.cuda import default_gpu_transport
+
+        return default_gpu_transport()
+
+    def mpi_refusal(self) -> str | None:
+        return "this MPI is not CUDA-aware"
+
 
 _NP_OF_NCCL = {2: np.int32, 4: np.int64, 6: np.float16, 7: np.float32, 8: np.float64}
 
@@ -465,7 +474,7 @@ class _Recorder:
     name = "recorder"
 
     def __init__(self, rank: int, size: int, log: list[tuple[str, int, int, int]]) -> None:
-        from collectives.backend import get_backend
+        from collectives.registry import get_backend
 
         self.rank, self.size, self.log = rank, size, log
         self.backend = get_backend("numpy")
@@ -626,8 +635,8 @@ def _communicator_checks(world: Any, rank: int, n: int) -> list[str]:
     """``Communicator.allreduce`` on GPU buffers end to end over the simulated GPU (default
     transport, ``avg``, the final synchronisation), and ``RINGTUNE_CHECK=1`` catching host
     and GPU buffers mixed across ranks."""
-    import collectives.backend as cbk
     import collectives.cuda.ops as cops
+    import collectives.registry as cbk
     from collectives import AgreementError, Communicator
 
     fails: list[str] = []

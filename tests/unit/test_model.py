@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from autotune.cluster import Cluster, Level, cluster_from_dict, load_cluster, workload_from_dict
-from autotune.model import Model, best_guesses, calibrate, combine
+from autotune.guesses import best_guesses
+from autotune.model import Model, calibrate, combine
 from autotune.primitives import _monotone
 from collectives.algorithms import get_algorithm
 
