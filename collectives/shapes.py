@@ -7,8 +7,8 @@ the optional ``shapes`` list holds the others, each ``{topology, rules, source}`
 ``source`` either ``tuned`` (measured by ``ringtune tune --shapes``) or ``predicted`` (the
 cost model's choice for a shape nobody tuned, started from the nearest tuned shape's
 winners; ``from_world_size`` names that shape). Use ``pick(data, world_size, name,
-validate)`` before validation: it returns the profile mapping of the section for that world (the top level
-when it matches, or there are no sections) and the note ``explain`` prints.
+validate)`` before validation: it returns the profile mapping of the section for that world
+(the top level when it matches, or there are no sections) and the note ``explain`` prints.
 """
 
 from __future__ import annotations
