@@ -15,14 +15,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("probes", "collectives", "autotune", "ringtune")
 
-#: Circles known today and owed a fix, each with why it still exists. A listed circle that
-#: disappears fails ``test_known_cycles_are_still_there``, so this list can only shrink.
-KNOWN: dict[frozenset[str], str] = {
-    frozenset({"collectives.profile", "collectives.shapes"}):
-        "a profile validates its sections and a section is a profile: profile_from_dict "
-        "should hand itself to shapes.pick/check (lands with the profile loader rewrite)",
-}
-
 
 def _modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
     out: dict[str, Path] = {}
@@ -106,14 +98,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_product_packages_have_no_import_cycles() -> None:
     graph = import_graph(ROOT, PACKAGES)
     assert "collectives.registry" in graph and "autotune.model" in graph  # walked them
-    new = [c for c in cycles(graph) if frozenset(c) not in KNOWN]
-    assert not new, "import cycles: " + "; ".join(" <-> ".join(c) for c in new)
-
-
-def test_known_cycles_are_still_there() -> None:
-    found = {frozenset(c) for c in cycles(import_graph(ROOT, PACKAGES))}
-    gone = [sorted(k) for k in KNOWN if k not in found]
-    assert not gone, f"fixed, remove from KNOWN: {gone}"
+    found = cycles(graph)
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
