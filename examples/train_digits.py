@@ -44,6 +44,11 @@ def init_gloo(comm: Any) -> None:
             s.bind(("", 0))
             port = s.getsockname()[1]
     addr, port = comm.bcast((addr, port), root=0)
+    # Rank 0's bcast may return before its message left: over libfabric's tcp provider (MPI
+    # between hosts) data moves only while the sender calls into MPI, and rank 0 next blocks
+    # in the store's rendezvous, which waits for the ranks the message has not reached. The
+    # barrier keeps every rank in MPI until all have the address.
+    comm.Barrier()
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
                             rank=comm.Get_rank(), world_size=comm.Get_size())
 
