@@ -97,6 +97,8 @@ torch-test: $(TORCH_VENV)/.installed
 	  timeout $(MPI_TEST_TIMEOUT) $(TORCH_VENV)/bin/mpiexec -n $$n \
 	    $(TORCH_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/torch; \
 	done
+	@# DDP's gloo group across emulated hosts (needs torch; skips with the reason without root)
+	timeout 300 $(TORCH_PY) -m pytest -q -p no:cacheprovider -rs tests/emulated/test_gloo_emulated.py
 
 # Multi-host tests: `ringtune emulate` builds hosts from network namespaces with shaped links
 # (profiles/clusters/emulated-*.yaml); the contract suite on 2x2 and 3x1, probe, fingerprint,

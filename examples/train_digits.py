@@ -44,6 +44,11 @@ def init_gloo(comm: Any) -> None:
             s.bind(("", 0))
             port = s.getsockname()[1]
     addr, port = comm.bcast((addr, port), root=0)
+    # Rank 0's bcast may return before its message left: over libfabric's tcp provider (MPI
+    # between hosts) data moves only while the sender calls into MPI, and rank 0 next blocks
+    # in the store's rendezvous, which waits for the ranks the message has not reached. The
+    # barrier keeps every rank in MPI until all have the address.
+    comm.Barrier()
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
                             rank=comm.Get_rank(), world_size=comm.Get_size())
 
@@ -140,9 +145,16 @@ def train(args: argparse.Namespace, comm: Any = None) -> dict[str, Any]:
         if state is not None:
             state.average_parameters(ddp.parameters())
         times.append(time.perf_counter() - t0)
-        losses.append(float(world.allreduce(loss.item())) / size)
+        losses.append(loss.item())
     if state is not None:
         state.wait()
+    # The global loss of every step in one reduction after the loop, not one MPI call per
+    # step: with gloo exchanging the gradients, a rank leaving an MPI call whose message to
+    # another host is still queued (libfabric tcp sends only while the sender is in MPI)
+    # would block in gloo's allreduce while its peer waits for that message.
+    total = np.array(losses, dtype=np.float64)
+    world.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+    losses = [float(v) / size for v in total]
     out = {"hook": args.hook, "ranks": size, "steps": args.steps, "staleness": args.staleness,
            "average_every": args.average_every,
            "parameters": sum(p.numel() for p in model.parameters()),
