@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from collectives.backend import backend_for
+from collectives.registry import backend_for
 from collectives.stall import ENV, StallError, stall_timeout
-from collectives.transport import MpiTransport
+from collectives.transports.mpi import MpiTransport
 
 from .conftest import WORLD, agree
 
