@@ -55,7 +55,10 @@ def test_profile_tuned_on_2x2_is_refused_on_1x4(tmp_path) -> None:  # type: igno
     assert there == {"used": True, "strict": "no error", "warnings": []}, there
     here = _one_host(worker("profile", str(out)))
     assert not here["used"], here
-    assert len(here["warnings"]) == 1 and "tuned on topology" in here["warnings"][0], here
+    # The warning names both layouts (same world size, other hosts).
+    assert len(here["warnings"]) == 1 and \
+        "tuned for 4 ranks on 2 hosts, this job has 4 ranks on 1 host" in here["warnings"][0], \
+        here
     assert here["strict"].startswith("TopologyMismatchError"), here
 
 
