@@ -33,7 +33,10 @@ MARK = "RINGTUNE_TEST_MARK"
 ROOT = Path(__file__).resolve().parents[2]
 OLD_PROFILE = ROOT / "profiles" / "examples" / "cpu-2core-vm-2ranks.yaml"
 TUNE_ARGS = ["-np", "2", "--buckets", "1K,4K,16K", "--algorithms", "native,sleep",
-             "--sampler", "grid", "--no-progress", "--trial-timeout", "0"]
+             "--sampler", "grid", "--no-progress", "--trial-timeout", "0",
+             # The chain checks kills and resumes, not the time budget: a loaded machine
+             # must not end the last run's buckets before every configuration is measured.
+             "--budget", "3600"]
 #: Grid size: 3 buckets x (native at the library's default + each of MPICH's own
 #: algorithms (``impl``) + one sleep configuration per value below).
 SLEEPS = "0.2,0.3,0.4"
