@@ -21,7 +21,7 @@ CUDA_PY := $(CUDA_VENV)/bin/python
 TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
-.PHONY: all install test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean
+.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean
 
 all: test
 
@@ -108,7 +108,16 @@ emulated: install
 	timeout $(EMULATED_TIMEOUT) $(PY) -m pytest -q -p no:cacheprovider -rs tests/emulated
 
 # GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
-test: lint gpu unit cuda-static gpu-sim torch-test mpi emulated
+# The CUDA and PyTorch environments (GBs of wheels: mostly download and unpacking) are
+# installed while the unit tests run, so a fresh `make test` does not wait for them in turn.
+test: lint gpu
+	$(MAKE) --no-print-directory -j2 --output-sync=target unit extra-venvs
+	$(MAKE) --no-print-directory cuda-static gpu-sim torch-test mpi emulated
+
+# One after the other: both editable installs write ringtune.egg-info in this directory.
+extra-venvs:
+	$(MAKE) --no-print-directory $(CUDA_VENV)/.installed
+	$(MAKE) --no-print-directory $(TORCH_VENV)/.installed
 
 tune: install
 	$(VENV)/bin/ringtune tune --out profiles/local.yaml
