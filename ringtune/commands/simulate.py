@@ -174,6 +174,19 @@ def _algorithm_names(result: dict[str, Any]) -> list[str]:
     return names
 
 
+def _panel(ax: Any, xs: list[Any], series: dict[str, list[float]],
+           styles: dict[str, dict[str, Any]], xlabel: str, ylabel: str, title: str) -> None:
+    """One log-x panel with a line per algorithm, in that algorithm's style."""
+    for name, ys in series.items():
+        ax.plot(xs, ys, label=name, **styles[name])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+
+
 def figure(result: dict[str, Any]) -> Any:
     """The matplotlib figure of a simulation: busbw per size, and with a workload the
     scaling efficiency per rank count; one style per algorithm across both panels."""
@@ -186,29 +199,18 @@ def figure(result: dict[str, Any]) -> Any:
     styles = plot_styles(names)
     w = result.get("workload")
     fig, axes = plt.subplots(1, 2 if w else 1, figsize=(12 if w else 7, 4.5), squeeze=False)
-    ax = axes[0][0]
-    sizes = [r["bytes"] for r in result["sizes"]]
-    for name in result["sizes"][0]["algorithms"]:
-        ax.plot(sizes, [r["algorithms"][name]["busbw_gbps"] for r in result["sizes"]],
-                label=name, **styles[name])
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("predicted busbw (GB/s)")
-    ax.set_title(f"{result['cluster']['name']} ({result['cluster']['ranks']} ranks)")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
+    rows = result["sizes"]
+    _panel(axes[0][0], [r["bytes"] for r in rows],
+           {n: [r["algorithms"][n]["busbw_gbps"] for r in rows]
+            for n in names if n in rows[0]["algorithms"]},
+           styles, "message size (bytes)", "predicted busbw (GB/s)",
+           f"{result['cluster']['name']} ({result['cluster']['ranks']} ranks)")
     if w:
-        ax2 = axes[0][1]
-        ranks = [s["ranks"] for s in w["scaling"]]
-        for name in [n for n in names if n in w["scaling"][0]["algorithms"]]:
-            ax2.plot(ranks, [100 * s["algorithms"][name]["efficiency"] for s in w["scaling"]],
-                     label=name, **styles[name])
-        ax2.set_xscale("log", base=2)
-        ax2.set_xlabel("ranks")
-        ax2.set_ylabel("predicted scaling efficiency (%)")
-        ax2.set_title(f"workload {w['name']}")
-        ax2.grid(True, alpha=0.3)
-        ax2.legend()
+        sc = w["scaling"]
+        _panel(axes[0][1], [s["ranks"] for s in sc],
+               {n: [100 * s["algorithms"][n]["efficiency"] for s in sc]
+                for n in names if n in sc[0]["algorithms"]},
+               styles, "ranks", "predicted scaling efficiency (%)", f"workload {w['name']}")
     fig.tight_layout()
     return fig
 
