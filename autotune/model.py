@@ -45,7 +45,6 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms import get_algorithm
-from collectives.algorithms.hierarchical import model_grids
 from collectives.algorithms.registry import user_algorithm_names
 from collectives.bench import busbw
 from collectives.orders import derived_cycles
@@ -317,10 +316,6 @@ class Model:
         return np.asarray(cls.cost(self, params, sizes), dtype=float)
 
     # -- search ----------------------------------------------------------------------
-
-    def grids(self, max_dims: int = 3) -> list[list[int]]:
-        """Grids of at most ``max_dims`` dimensions that do not split a host."""
-        return model_grids(self, max_dims)
 
     def candidates(self, sizes: np.ndarray) -> Iterable[tuple[str, dict[str, Any], np.ndarray]]:
         """Every configuration the model searches, with its time per size: each registered
