@@ -8,7 +8,7 @@ the data that must cross that tier: the outer (slow) dimensions move 1/d₀ of t
 
 Along each dimension an ``inner`` algorithm runs on a sub-communicator (``comm.Split``,
 cached per context): any registered algorithm with a ``grid_dimension`` (its
-``grid_phase`` is the schedule, its ``grid_cost`` the model's time), today
+``grid_phase`` is the schedule, its ``grid_cost`` the model's time); today:
 
 - ``multiring`` (default): ``rings`` concurrent chunk-pipelined rings
   (``multiring.RingSchedule``); after its reduce-scatter rank *c* of the dimension owns
@@ -16,10 +16,11 @@ cached per context): any registered algorithm with a ``grid_dimension`` (its
 - ``rhd``: recursive halving then, on the way back, recursive doubling. A dimension that is
   not a power of two folds its extra ranks in first: a folded rank owns an empty shard (its
   outer dimensions have nothing to do) and gets the region back at the end.
-- ``native``: the library's own allreduce on the sub-communicator (DDL's ``n:`` mode) over
-  the region, after which rank *c* keeps block *c* as its shard; the all-gather back is a
-  ring all-gather (a transport offers no native all-gather). A full sub-allreduce moves
-  more bytes than a reduce-scatter but uses the library's tuned code on that tier.
+- ``native`` (``native.NativePhase``): the library's own allreduce on the sub-communicator
+  (DDL's ``n:`` mode) over the region, after which rank *c* keeps block *c* as its shard;
+  the all-gather back is a ring all-gather (a transport offers no native all-gather). A
+  full sub-allreduce moves more bytes than a reduce-scatter but uses the library's tuned
+  code on that tier.
 
 Every element is reduced exactly once, in a fixed order, on the rank that owns it after
 the last reduce-scatter, and then only copied: results are bitwise identical on all ranks.
