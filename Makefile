@@ -21,7 +21,7 @@ CUDA_PY := $(CUDA_VENV)/bin/python
 TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
-.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean
+.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean schema
 
 all: test
 
@@ -51,6 +51,11 @@ $(TORCH_VENV)/.installed: pyproject.toml
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# The profile JSON Schema is generated from the algorithm registry (collectives/schema.py);
+# rerun after changing an algorithm's parameters (a unit test says when it is stale).
+schema: install
+	$(VENV)/bin/python -m collectives.schema
 
 unit: install
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit

@@ -18,9 +18,9 @@ from typing import Any
 from collectives import Communicator, __version__
 from collectives.bench import busbw, time_allreduce
 from collectives.ops import itemsize
+from collectives.plan import Config
 from collectives.profile import FORMAT, VERSION
 
-from . import space
 from .objective import timing_for
 from .records import BucketSummary, Choice, TuneOptions
 
@@ -42,73 +42,68 @@ def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[Buck
     count = nbytes // itemsize(opts.dtype)
     backend = opts.backend if opts.backend in ("numpy", "cupy") else "numpy"
 
-    def check(a: str, p: Mapping[str, Any]) -> bool:
-        own, transport = space.split_transport(p)
-        return check_allreduce(runtime, count, opts.dtype, opts.op, a, own,
-                               transport=transport, backend=backend).ok
+    def check(c: Config) -> bool:
+        return check_allreduce(runtime, count, opts.dtype, opts.op, c.algorithm,
+                               dict(c.params), transport=c.transport, backend=backend).ok
 
-    def timed(a: str, p: Mapping[str, Any], warmup: int, iters: int) -> float:
+    def timed(c: Config, warmup: int, iters: int) -> float:
         # Each candidate is re-measured with its own transport (GPU configurations).
-        own, transport = space.split_transport(p)
-        return time_allreduce(runtime, count, opts.dtype, opts.op, a, own, warmup=warmup,
-                              iters=iters, transport=transport, backend=backend).time_us
+        return time_allreduce(runtime, count, opts.dtype, opts.op, c.algorithm,
+                              dict(c.params), warmup=warmup, iters=iters,
+                              transport=c.transport, backend=backend).time_us
 
     native, own, borrowed = ab_candidates(opts, summaries, i, n)
-    cands: list[tuple[str, dict[str, Any]]] = []
-    keys = {space.config_key(*native)}
-    for a, p in own + borrowed:
-        k = space.config_key(a, p)
-        if k in keys:
+    cands: list[Config] = []
+    keys = {native.key}
+    for c in own + borrowed:
+        if c.key in keys:
             continue
-        if (a, p) not in own:
+        if c not in own:
             # A neighbour's winner was checked at its own size only.
-            ok = check(a, p)
+            ok = check(c)
             runtime.clear_plans()
             if not ok:
                 continue
-        keys.add(k)
-        cands.append((a, p))
-    timing = timing_for(timed(*native, warmup=1, iters=3), target_s=0.1)
-    everyone: list[tuple[str, dict[str, Any]]] = [native] + cands
+        keys.add(c.key)
+        cands.append(c)
+    timing = timing_for(timed(native, warmup=1, iters=3), target_s=0.1)
+    everyone: list[Config] = [native] + cands
     times: list[list[float]] = [[] for _ in everyone]
     for _ in range(AB_ROUNDS if cands else 1):
-        for j, (a, p) in enumerate(everyone):
-            times[j].append(timed(a, p, timing.warmup, timing.iters))
+        for j, c in enumerate(everyone):
+            times[j].append(timed(c, timing.warmup, timing.iters))
     runtime.clear_plans()
     med = [sorted(t)[len(t) // 2] for t in times]
     native_t = med[0]
     best_j = min(range(len(everyone)), key=lambda j: med[j])
     if best_j != 0 and med[best_j] * (1 + opts.margin) > native_t:
         best_j = 0  # not a clear enough win over native: keep the library's own
-    a, p = everyone[best_j]
-    return Choice(nbytes, a, dict(p), med[best_j], native_t, busbw(nbytes, med[best_j], n),
-                  busbw(nbytes, native_t, n),
-                  [(everyone[j][0], dict(everyone[j][1]), med[j]) for j in range(len(med))])
+    return Choice(nbytes, everyone[best_j], med[best_j], native_t,
+                  busbw(nbytes, med[best_j], n), busbw(nbytes, native_t, n),
+                  [(everyone[j], med[j]) for j in range(len(med))])
 
 
 def ab_candidates(opts: TuneOptions, summaries: Sequence[BucketSummary], i: int,
-                  world_size: int) -> tuple[tuple[str, dict[str, Any]],
-                                            list[tuple[str, dict[str, Any]]],
-                                            list[tuple[str, dict[str, Any]]]]:
+                  world_size: int) -> tuple[Config, list[Config], list[Config]]:
     """What bucket ``i``'s A/B compares: ``(native, its own two best, its neighbours'
     winners)``; with ``--margin`` all that its choice depends on besides the timings."""
     s = summaries[i]
-    own = [(a, p) for a, p, _ in s.top[:2]]
+    own = [c for c, _ in s.top[:2]]
     if "native" in s.best_by_algorithm:
         # The best of the library's own algorithms is re-measured too: it is what
         # `ringtune export` writes for the bucket when the winner has no native equivalent.
-        own.append(("native", dict(s.best_by_algorithm["native"][0])))
-    borrowed = [(a, p) for j in (i - 1, i + 1) if 0 <= j < len(summaries)
-                for a, p, _ in summaries[j].top[:1]]
+        own.append(s.best_by_algorithm["native"][0])
+    borrowed = [c for j in (i - 1, i + 1) if 0 <= j < len(summaries)
+                for c, _ in summaries[j].top[:1]]
     return native_config(opts, world_size), own, borrowed
 
 
-def native_config(opts: TuneOptions, world_size: int) -> tuple[str, dict[str, Any]]:
+def native_config(opts: TuneOptions, world_size: int) -> Config:
     """The reference every choice must beat: ``native``, on GPU buffers with the best
     transport every rank has (NCCL's allReduce where ``nccl`` is available)."""
     if opts.transports and world_size > 1:
-        return "native", {space.TRANSPORT_PARAM: opts.transports[0]}
-    return "native", {}
+        return Config("native", {}, opts.transports[0])
+    return Config("native")
 
 
 def rule_bounds(buckets: Sequence[int]) -> list[tuple[int, int | None]]:
@@ -130,7 +125,7 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
     gpu = opts.backend == "cupy"
     rules: list[dict[str, Any]] = []
     for (lo, hi), c in zip(rule_bounds([s.nbytes for s in summaries]), choices):
-        params, transport = space.split_transport(c.params)
+        params, transport = dict(c.params), c.transport
         measured = {"bytes": c.nbytes, "busbw_gbps": round(c.busbw_gbps, 4),
                     "time_us": round(c.time_us, 2),
                     "native_busbw_gbps": round(c.native_busbw_gbps, 4),
@@ -224,13 +219,12 @@ def _ran(summaries: Sequence[BucketSummary], choices: Sequence[Choice]) -> str |
 def best_native(c: Choice) -> list[dict[str, Any]]:
     """The fastest ``native`` configuration of the bucket's A/B (the library's default or
     one of its own algorithms), as the one-entry list a rule's ``native`` key holds."""
-    natives = [(p, t) for a, p, t in c.candidates if a == "native" and t > 0]
+    natives = [(cfg, t) for cfg, t in c.candidates if cfg.algorithm == "native" and t > 0]
     if not natives:
         return []
-    params, t = min(natives, key=lambda pt: pt[1])
+    best, t = min(natives, key=lambda ct: ct[1])
     n = c.native_busbw_gbps * c.native_time_us  # busbw · time is constant for a size
-    return [{"bytes": c.nbytes, "impl": str(space.split_transport(params)[0].get("impl",
-                                                                                "auto")),
+    return [{"bytes": c.nbytes, "impl": str(best.params.get("impl", "auto")),
              "busbw_gbps": round(n / t, 4) if n else 0.0, "time_us": round(t, 2)}]
 
 

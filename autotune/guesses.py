@@ -1,6 +1,6 @@
 """The tuner's warm start: the configurations the cost model ranks fastest (``best_guesses``).
 
-Use it where the tuner (``autotune.driver``) enqueues its first trials, or anywhere a
+Use it where the tuner (``autotune.bucket_search``) enqueues its first trials, or anywhere a
 short list of likely-best (algorithm, params) pairs for one world size and message size is
 wanted; with nothing measured it runs the model on ``default_cluster``.
 """

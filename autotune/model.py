@@ -18,7 +18,10 @@ host's GPUs). Reduce-scatter steps add the reduction of the received piece at
 with the transfer. Every posted message (a send or a receive) costs ``overhead_us`` of
 software time.
 
-This module holds the ``Model`` class (flows, phases, per-algorithm formulas, search) and
+This module holds the ``Model`` class (flows, phases, search) and re-exports; each
+algorithm's formula and the configurations the model ranks for it live with the algorithm
+(``cost``, ``grid_cost``, ``model_space`` of ``collectives.algorithms.base.Algorithm``),
+built on the phase primitives here, and the model asks the registry for them. It also
 re-exports, so that ``autotune.model.<name>`` keeps working, the names of the modules split
 from it: ``measure`` and ``combine`` (``autotune.primitives``: calibration from this
 machine's measured primitives, where ``native`` is modelled as MPICH runs it),
@@ -35,14 +38,14 @@ reported, not assumed (BENCHMARKS.md, issue 6).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from collectives.algorithms.hierarchical import INNER, check_grid_fits_hosts, factorisations
+from collectives.algorithms import get_algorithm
+from collectives.algorithms.registry import user_algorithm_names
 from collectives.bench import busbw
 from collectives.orders import derived_cycles
 
@@ -55,14 +58,12 @@ from .primitives import measure as measure
 
 #: MPICH's default MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE: recursive doubling up to this size.
 MPICH_SHORT_BYTES = 2048
-#: The algorithms the model knows, in display order.
-ALGORITHMS: tuple[str, ...] = ("native", "multiring", "rhd", "hierarchical")
-#: Configurations searched for ``best`` (chunk 0 = whole segment).
-RINGS: tuple[int, ...] = (1, 2, 4, 8)
-#: A coarse subset of the searched chunk sizes (``multiring.chunk_choices``): the model
-#: ranks whole families of configurations, one array of sizes at a time.
-CHUNKS: tuple[int, ...] = (0, 1 << 18, 1 << 20, 1 << 22)
-HIER_RINGS: tuple[int, ...] = (1, 2, 4)
+
+
+def model_algorithms() -> tuple[str, ...]:
+    """The algorithms the model knows, in display order: every registered one except
+    test-only ones (an algorithm without a cost of its own is modelled as one flat ring)."""
+    return tuple(user_algorithm_names("display_order"))
 
 
 @dataclass(frozen=True)
@@ -297,102 +298,38 @@ class Model:
             return np.zeros_like(allocated)
         return np.where(allocated >= c.mmap_threshold, touched / (c.page_fault_gbs * 1e9), 0.0)
 
-    # -- algorithms ------------------------------------------------------------------
+    # -- algorithms ----------------------------------------------------------------
+    # Each algorithm's formula lives with the algorithm (``Algorithm.cost``, ``grid_cost``,
+    # ``model_space`` in ``collectives.algorithms``), built on the phases above.
 
     def time(self, algorithm: str, params: Mapping[str, Any], nbytes: Any) -> np.ndarray:
-        """Predicted seconds of ``algorithm`` with ``params`` for each size in ``nbytes``."""
+        """Predicted seconds of ``algorithm`` with ``params`` for each size in ``nbytes``
+        (its ``cost``; an algorithm without one of its own is modelled as one flat ring)."""
         sizes = np.atleast_1d(np.asarray(nbytes, dtype=float))
-        n = self.n
-        if n <= 1:
+        try:
+            cls = get_algorithm(algorithm)
+        except ValueError:
+            raise ValueError(f"the cost model does not know algorithm {algorithm!r}; known: "
+                             f"{', '.join(model_algorithms())}") from None
+        if self.n <= 1:
             return np.zeros_like(sizes)
-        if algorithm == "native":
-            return self.native_allreduce(1, n, sizes)
-        if algorithm == "rhd":
-            return self.rhd_phase(1, n, sizes, True) + self.rhd_phase(1, n, sizes, False)
-        if algorithm == "multiring":
-            rings, cb = int(params.get("rings", 1)), int(params.get("chunk_bytes", 0))
-            return (self.ring_phase(1, n, sizes, rings, cb, True)
-                    + self.ring_phase(1, n, sizes, rings, cb, False))
-        if algorithm == "hierarchical":
-            dims = list(params.get("dims") or [n])
-            if math.prod(dims) != n:
-                raise ValueError(f"dims {dims}: product is not {n}")
-            inner = params.get("inner") or ["multiring"] * len(dims)
-            if isinstance(inner, str):
-                inner = [inner] * len(dims)
-            rings, cb = int(params.get("rings", 1)), int(params.get("chunk_bytes", 0))
-            return sum((self._dim_time(s, d, r, inner[j], rings, cb)
-                        for j, (s, d, r) in enumerate(_dim_regions(dims, sizes))),
-                       np.zeros_like(sizes))
-        raise ValueError(f"the cost model does not know algorithm {algorithm!r}; known: "
-                         f"{', '.join(ALGORITHMS)}")
-
-    def _dim_time(self, stride: int, d: int, region: np.ndarray, inner: str, rings: int,
-                  cb: int) -> np.ndarray:
-        """Reduce-scatter plus all-gather along one grid dimension."""
-        if inner == "rhd":
-            return self.rhd_phase(stride, d, region, True) + self.rhd_phase(stride, d, region,
-                                                                            False)
-        if inner == "native":
-            return (self.native_allreduce(stride, d, region)
-                    + self.ring_phase(stride, d, region, 1, 0, False))
-        return (self.ring_phase(stride, d, region, rings, cb, True)
-                + self.ring_phase(stride, d, region, rings, cb, False))
+        return np.asarray(cls.cost(self, params, sizes), dtype=float)
 
     # -- search ----------------------------------------------------------------------
 
-    def grids(self, max_dims: int = 3) -> list[list[int]]:
-        """Grids of at most ``max_dims`` dimensions that do not split a host."""
-        out = []
-        for g in factorisations(self.n):
-            if len(g) > max_dims:
-                continue
-            try:
-                check_grid_fits_hosts(g, self.hosts)
-            except ValueError:
-                continue
-            out.append(g)
-        return out
-
     def candidates(self, sizes: np.ndarray) -> Iterable[tuple[str, dict[str, Any], np.ndarray]]:
-        """Every configuration the model searches, with its time per size. For a grid the
-        best ``inner`` per dimension is chosen independently (dimensions run one after the
-        other, so their times add), as DDL's exploration mode did."""
-        n = self.n
-        yield "native", {}, self.time("native", {}, sizes)
-        yield "rhd", {}, self.time("rhd", {}, sizes)
-        for rings in RINGS:
-            for cb in CHUNKS:
-                params = {"rings": rings, "chunk_bytes": cb, "order": "topology"}
-                yield "multiring", params, self.time("multiring", params, sizes)
-        if n <= 1:
-            return
-        dim_cache: dict[tuple[int, int, int, int], np.ndarray] = {}
-        for dims in self.grids():
-            if len(dims) == 1:
-                continue  # a one-dimensional grid is multiring / rhd / native above
-            regions = _dim_regions(dims, sizes)
-            for rings in HIER_RINGS:
-                for cb in CHUNKS:
-                    total = np.zeros_like(sizes)
-                    # Per size, the best inner of each dimension (chosen per size below).
-                    per_dim = []
-                    for s, d, r in regions:
-                        # Grids share dimensions (same stride and size): compute each once.
-                        key = (s, d, rings, cb)
-                        opts = dim_cache.get(key)
-                        if opts is None:
-                            opts = np.stack([self._dim_time(s, d, r, k, rings, cb)
-                                             for k in INNER])
-                            dim_cache[key] = opts
-                        per_dim.append(opts)
-                        total = total + opts.min(axis=0)
-                    yield "hierarchical", {"dims": dims, "rings": rings, "chunk_bytes": cb,
-                                           "_per_dim": per_dim}, total
+        """Every configuration the model searches, with its time per size: each registered
+        algorithm's ``model_space`` (test-only ones left out), in ``model_order``."""
+        for name in user_algorithm_names("model_order"):
+            for params, t in get_algorithm(name).model_space(self, sizes):
+                yield name, params, t
 
-    def best(self, nbytes: Sequence[int], algorithms: Sequence[str] = ALGORITHMS
+    def best(self, nbytes: Sequence[int], algorithms: Sequence[str] | None = None
              ) -> dict[str, list[Prediction]]:
-        """For each algorithm, its best configuration at each size."""
+        """For each algorithm (default: every one the model knows), its best configuration
+        at each size."""
+        if algorithms is None:
+            algorithms = model_algorithms()
         sizes = np.asarray(list(nbytes), dtype=float)
         best_t: dict[str, np.ndarray] = {}
         best_p: dict[str, list[dict[str, Any]]] = {}
@@ -405,7 +342,7 @@ class Model:
             better = t < best_t[name]
             best_t[name] = np.where(better, t, best_t[name])
             for i in np.flatnonzero(better):
-                best_p[name][i] = _concrete(params, int(i))
+                best_p[name][i] = _concrete(name, params, int(i))
         return {
             name: [Prediction(name, best_p[name][i], int(sizes[i]), float(best_t[name][i]) * 1e6,
                               busbw(sizes[i], float(best_t[name][i]) * 1e6, self.n))
@@ -417,7 +354,7 @@ class Model:
         """The best configuration of each algorithm at one size, fastest first; then, up to
         ``limit``, the runners-up of any algorithm (distinct configurations)."""
         sizes = np.array([float(nbytes)])
-        preds = [Prediction(name, _concrete(params, 0), nbytes, float(t[0]) * 1e6,
+        preds = [Prediction(name, _concrete(name, params, 0), nbytes, float(t[0]) * 1e6,
                             busbw(nbytes, float(t[0]) * 1e6, self.n))
                  for name, params, t in self.candidates(sizes)]
         preds.sort(key=lambda p: p.time_us)
@@ -443,21 +380,7 @@ def _interp(curve: Sequence[tuple[int, float]], nbytes: np.ndarray) -> np.ndarra
     return np.exp(np.interp(np.log(np.maximum(nbytes, 1.0)), xs, ys))
 
 
-def _dim_regions(dims: Sequence[int], sizes: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
-    """(stride, size, region bytes) per grid dimension: dimension j works on 1/(d0·…·dj−1)
-    of the buffer, over ranks ``stride`` = d0·…·dj−1 apart."""
-    out, stride = [], 1
-    for d in dims:
-        out.append((stride, d, sizes / stride))
-        stride *= d
-    return out
-
-
-def _concrete(params: Mapping[str, Any], i: int) -> dict[str, Any]:
-    """Runtime parameters of a candidate at size index ``i`` (resolves per-dim choices)."""
-    out = {k: v for k, v in params.items() if not k.startswith("_")}
-    per_dim = params.get("_per_dim")
-    if per_dim is not None:
-        out["dims"] = list(out["dims"])
-        out["inner"] = [INNER[int(np.argmin(opts[:, i]))] for opts in per_dim]
-    return out
+def _concrete(algorithm: str, params: Mapping[str, Any], i: int) -> dict[str, Any]:
+    """Runtime parameters of a candidate at size index ``i`` (the algorithm resolves its
+    per-size choices, e.g. a grid's ``inner`` per dimension)."""
+    return get_algorithm(algorithm).concrete(params, i)

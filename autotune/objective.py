@@ -9,15 +9,12 @@ prints.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from collectives import Communicator
 from collectives.bench import check_allreduce, time_allreduce
 from collectives.ops import itemsize
-
-from .space import split_transport
+from collectives.plan import Config
 
 COMPLETE = "complete"
 FAIL = "fail"
@@ -58,21 +55,20 @@ def timing_for(sample_time_us: float, target_s: float = 0.15) -> Timing:
                   quick_iters=max(2, min(5, iters // 4)))
 
 
-def evaluate(comm: Communicator, nbytes: int, dtype: str, op: str, algorithm: str,
-             params: Mapping[str, Any], timing: Timing,
-             best_time_us: float | None = None, backend: str = "numpy") -> TrialOutcome:
-    """Check ``algorithm(params)`` for correctness at ``nbytes``, then time it.
+def evaluate(comm: Communicator, nbytes: int, dtype: str, op: str, config: Config,
+             timing: Timing, best_time_us: float | None = None,
+             backend: str = "numpy") -> TrialOutcome:
+    """Check ``config`` for correctness at ``nbytes``, then time it.
 
     A wrong result or an error is ``FAIL`` with the reason; a candidate whose short first
     timing is ``prune_factor`` times slower than ``best_time_us`` is ``PRUNED``; otherwise
     ``COMPLETE`` with the median time of ``timing.iters`` iterations. Collective.
 
-    ``backend`` is where the buffers live (``numpy`` or ``cupy``); a ``transport`` in
-    ``params`` (GPU configurations) is the transport the candidate is checked and timed
-    with.
+    ``backend`` is where the buffers live (``numpy`` or ``cupy``); the configuration's
+    ``transport`` (GPU configurations) is the one the candidate is checked and timed with.
     """
     count = nbytes // itemsize(dtype)
-    own, transport = split_transport(params)
+    algorithm, own, transport = config.algorithm, dict(config.params), config.transport
     try:
         check = check_allreduce(comm, count, dtype, op, algorithm, own, transport=transport,
                                 backend=backend)

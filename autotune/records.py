@@ -1,7 +1,7 @@
 """The records a tuning run passes around: what was asked, what each bucket found, what was
 chosen, and the failure every rank raises alike.
 
-Use these types to read or build the inputs and outputs of ``autotune.study.tune`` (the
+Use these types to read or build the inputs and outputs of ``autotune.tuning.tune`` (the
 ``ringtune tune`` command fills ``TuneOptions``; the report and the profile builder read
 ``BucketSummary`` and ``Choice``). Plain data only: nothing here talks to MPI or Optuna.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from collectives.plan import Config
 
 
 class TuneError(Exception):
@@ -60,10 +62,10 @@ class BucketSummary:
     study: str
     reason: str
     evaluated: int
-    #: Best distinct COMPLETE configurations, fastest first: (algorithm, params, time_us).
-    top: list[tuple[str, dict[str, Any], float]] = field(default_factory=list)
-    #: Fastest COMPLETE configuration of each algorithm: name -> (params, time_us).
-    best_by_algorithm: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)
+    #: Best distinct COMPLETE configurations, fastest first: (configuration, time_us).
+    top: list[tuple[Config, float]] = field(default_factory=list)
+    #: Fastest COMPLETE configuration of each algorithm: name -> (configuration, time_us).
+    best_by_algorithm: dict[str, tuple[Config, float]] = field(default_factory=dict)
     #: When the bucket's measured trials ran, from the storage (UTC, ISO 8601; ``None``
     #: before any), and the seconds they took together: true across resumed runs.
     first_trial: str | None = None
@@ -78,17 +80,30 @@ class Choice:
     """The A/B outcome of one bucket."""
 
     nbytes: int
-    algorithm: str
-    params: dict[str, Any]
+    config: Config
     time_us: float
     native_time_us: float
     busbw_gbps: float
     native_busbw_gbps: float
-    candidates: list[tuple[str, dict[str, Any], float]] = field(default_factory=list)
+    #: Every configuration of the A/B with its median time (µs), native first.
+    candidates: list[tuple[Config, float]] = field(default_factory=list)
     #: When the A/B ran (UTC, ISO 8601) and how long it took; a rerun on a finished study
     #: reuses the recorded choice with these (``autotune.replay``).
     measured_at: str | None = None
     seconds: float = 0.0
+
+    @property
+    def algorithm(self) -> str:
+        return self.config.algorithm
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The chosen algorithm's own parameters (a plain copy)."""
+        return dict(self.config.params)
+
+    @property
+    def transport(self) -> str | None:
+        return self.config.transport
 
     @property
     def speedup(self) -> float:

@@ -1,6 +1,6 @@
 """Recorded A/B choices: a rerun of a finished tune writes the same profile, byte for byte.
 
-The search is resumable (``autotune.driver``), but the A/B re-measurement after it
+The search is resumable (``autotune.bucket_search``), but the A/B re-measurement after it
 (``autotune.choose.ab_choice``) times the candidates again; on a noisy machine a rerun with
 nothing new to search would then choose differently and rewrite the profile with other
 rules. So each bucket's choice is recorded in its study (user attribute ``ab_choice``)
@@ -19,6 +19,8 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
+from collectives.plan import Config
+
 from . import space
 from .choose import ab_candidates
 from .records import BucketSummary, Choice, TuneOptions
@@ -31,25 +33,41 @@ def choice_inputs(opts: TuneOptions, summaries: Sequence[BucketSummary], i: int,
                   world_size: int) -> dict[str, Any]:
     """Everything bucket ``i``'s choice depends on except the timings (JSON-plain)."""
     native, own, borrowed = ab_candidates(opts, summaries, i, world_size)
-    return {"native": space.config_key(*native),
-            "own": [space.config_key(a, p) for a, p in own],
-            "borrowed": [space.config_key(a, p) for a, p in borrowed],
+    return {"native": space.config_key(native),
+            "own": [space.config_key(c) for c in own],
+            "borrowed": [space.config_key(c) for c in borrowed],
             "margin": opts.margin}
 
 
 def choice_to_record(choice: Choice, inputs: dict[str, Any]) -> dict[str, Any]:
-    return {"inputs": inputs, "choice": dataclasses.asdict(choice)}
+    """The JSON-plain record of a choice: the ``Choice`` fields, each configuration as
+    ``Config.record``."""
+    data = {f.name: getattr(choice, f.name) for f in dataclasses.fields(choice)}
+    data["config"] = choice.config.record()
+    data["candidates"] = [[c.record(), t] for c, t in choice.candidates]
+    return {"inputs": inputs, "choice": data}
+
+
+def _config(record: Any) -> Config:
+    return Config.from_record(record["algorithm"], record.get("params"),
+                              record.get("transport"))
 
 
 def choice_from_record(record: Any) -> Choice | None:
     """The ``Choice`` of a stored record; ``None`` for a record this version cannot read
-    (then the bucket is simply measured again)."""
+    (then the bucket is simply measured again). Records written before ``Config`` (the
+    algorithm and params as fields, the transport inside params) read too."""
     try:
         data = dict(record["choice"])
-        data["params"] = dict(data["params"])
-        data["candidates"] = [(str(a), dict(p), float(t)) for a, p, t in data["candidates"]]
+        if "config" in data:
+            data["config"] = _config(data["config"])
+            data["candidates"] = [(_config(c), float(t)) for c, t in data["candidates"]]
+        else:
+            data["config"] = Config.from_record(data.pop("algorithm"), data.pop("params"))
+            data["candidates"] = [(Config.from_record(a, p), float(t))
+                                  for a, p, t in data["candidates"]]
         return Choice(**data)
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
 

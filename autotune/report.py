@@ -123,7 +123,8 @@ def bucket_rows(result: Any) -> list[list[str]]:
     rows = []
     for s, c in zip(result.buckets, result.choices):
         rows.append([human_bytes(s.nbytes), str(s.evaluated), s.reason, c.algorithm,
-                     _params_text(c.params), f"{c.busbw_gbps:.3f}",
+                     _params_text({"transport": c.transport, **c.params} if c.transport
+                                  else c.params), f"{c.busbw_gbps:.3f}",
                      f"{c.native_busbw_gbps:.3f}", f"{c.speedup:.2f}x"])
     return rows
 

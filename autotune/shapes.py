@@ -51,7 +51,7 @@ def tune_shapes(comm: Any, opts: TuneOptions, sizes: Sequence[int]) -> TuneResul
     """Tune every shape in ``sizes`` (collective over ``comm``); rank 0 writes the profile."""
     from mpi4py import MPI
 
-    from .study import tune
+    from .tuning import tune
 
     t0 = time.monotonic()
     rank = comm.Get_rank()

@@ -4,41 +4,40 @@ Use ``suggest(trial, world_size, nbytes, algorithms)`` inside an Optuna trial (d
 the algorithm is chosen first, then that algorithm's own ``search_space`` suggests its
 parameters), ``enumerate_space`` to list every configuration of a discrete space (the grid
 sampler and the search-efficiency benchmark), and ``config_key`` to compare
-configurations. A configuration is ``(algorithm, params)`` with ``params`` as the
-algorithm's ``check_params`` accepts them, plus, on GPU buffers only, the chosen transport
-under ``TRANSPORT_PARAM`` (``split_transport`` separates the two before a run).
+configurations. A configuration is a ``collectives.plan.Config``: the algorithm, its params
+as the algorithm's ``check_params`` accepts them, and, on GPU buffers only, the chosen
+transport (searched as the Optuna parameter ``TRANSPORT_PARAM``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from collectives.algorithms import algorithm_names, get_algorithm
 from collectives.algorithms.base import Algorithm
-from collectives.plan import config_text
+from collectives.plan import Config
+
+__all__ = ["ALGORITHM_PARAM", "TRANSPORT_PARAM", "Config", "searchable", "suggest",
+           "config_key", "describe", "enumerate_space", "normalise", "trial_params_for"]
 
 #: Name of the top-level Optuna parameter that picks the algorithm.
 ALGORITHM_PARAM = "algorithm"
 
-#: Name of the Optuna parameter (and of the configuration's params key) that picks the GPU
-#: transport; searched only when the buffers are on the GPU (``--backend cupy``).
+#: Name of the Optuna parameter that picks the GPU transport (``Config.transport``);
+#: searched only when the buffers are on the GPU (``--backend cupy``).
 TRANSPORT_PARAM = "transport"
-
-#: Algorithms that are never searched unless asked for by name (``--algorithms``).
-TEST_ONLY = ("sleep",)
-
-Config = tuple[str, dict[str, Any]]
 
 
 def searchable(names: Sequence[str] | None = None) -> list[str]:
     """The algorithms to search: ``names`` (checked against the registry) or every
-    registered algorithm except test-only ones. ``ValueError`` naming an unknown one."""
+    registered algorithm except test-only ones (``Algorithm.test_only``: searched only when
+    named). ``ValueError`` naming an unknown one."""
     known = algorithm_names()
     if not names:
-        return [n for n in known if n not in TEST_ONLY]
+        return [n for n in known if not get_algorithm(n).test_only]
     out = []
     for n in names:
         if n not in known:
@@ -71,35 +70,28 @@ def suggest(trial: Any, world_size: int, nbytes: int, algorithms: Sequence[str],
     """Ask ``trial`` for one configuration (define-by-run, conditional on the algorithm).
 
     ``transports`` (GPU buffers only: the transports every rank can use, best first) adds
-    the categorical ``transport`` parameter; the chosen one is carried in the configuration's
-    params under ``TRANSPORT_PARAM`` (``split_transport`` takes it out again)."""
+    the categorical ``TRANSPORT_PARAM``; the chosen one is the configuration's
+    ``transport``."""
     algo = trial.suggest_categorical(ALGORITHM_PARAM, list(algorithms))
     cls: type[Algorithm] = get_algorithm(algo)
     if world_size == 1:
         # Every algorithm is a no-op on one rank: parameters cannot matter.
-        return algo, {}
-    params: dict[str, Any] = {}
+        return Config(algo)
+    transport: str | None = None
     if transports:
-        params[TRANSPORT_PARAM] = trial.suggest_categorical(TRANSPORT_PARAM, list(transports))
-    params.update(cls.search_space(_StableNames(trial), world_size, nbytes))
-    return algo, params
+        transport = trial.suggest_categorical(TRANSPORT_PARAM, list(transports))
+    return Config(algo, cls.search_space(_StableNames(trial), world_size, nbytes), transport)
 
 
-def split_transport(params: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """``(the algorithm's own params, the transport or None)`` of a configuration's params."""
-    rest = dict(params)
-    transport = rest.pop(TRANSPORT_PARAM, None)
-    return rest, (str(transport) if transport is not None else None)
+def config_key(config: Config) -> str:
+    """A canonical string for a configuration (equal configurations, equal keys):
+    ``Config.key``, the text the studies record."""
+    return config.key
 
 
-def config_key(algorithm: str, params: Mapping[str, Any]) -> str:
-    """A canonical string for a configuration (equal configurations, equal keys)."""
-    return json.dumps([algorithm, dict(params)], sort_keys=True, default=str)
-
-
-def describe(algorithm: str, params: Mapping[str, Any]) -> str:
-    """``multiring rings=2 chunk_bytes=1048576`` for people (``collectives.plan``)."""
-    return config_text(algorithm, params)
+def describe(config: Config) -> str:
+    """``multiring rings=2 chunk_bytes=1048576`` for people (``Config.text``)."""
+    return config.text()
 
 
 class _Branch(Exception):
@@ -158,22 +150,18 @@ def enumerate_space(world_size: int, nbytes: int, algorithms: Sequence[str],
         except _Branch as br:
             stack.extend(path + [i] for i in reversed(range(br.n)))
             continue
-        key = config_key(*cfg)
+        key = cfg.key
         if key not in seen:
             seen.add(key)
             out.append((trial.params, cfg))
     return out
 
 
-def normalise(algorithm: str, params: Mapping[str, Any], world_size: int) -> dict[str, Any]:
-    """The parameters as the algorithm fills them in (defaults made explicit), for
-    comparing a hand-made guess with the configurations of the space. A transport in
-    ``params`` is kept as it is (it is no parameter of the algorithm)."""
-    own, transport = split_transport(params)
-    out = dict(get_algorithm(algorithm).check_params(own, world_size))
-    if transport is not None:
-        out[TRANSPORT_PARAM] = transport
-    return out
+def normalise(config: Config, world_size: int) -> Config:
+    """The configuration with its parameters as the algorithm fills them in (defaults made
+    explicit), for comparing a hand-made guess with the configurations of the space."""
+    params = get_algorithm(config.algorithm).check_params(config.params, world_size)
+    return Config(config.algorithm, params, config.transport)
 
 
 def trial_params_for(guess: Config, space: Sequence[tuple[dict[str, Any], Config]],
@@ -181,12 +169,12 @@ def trial_params_for(guess: Config, space: Sequence[tuple[dict[str, Any], Config
     """The Optuna trial params of the space's configuration equal to ``guess`` (after
     filling in defaults), or ``None`` when the guess is outside the space."""
     try:
-        want = config_key(guess[0], normalise(guess[0], guess[1], world_size))
+        want = normalise(guess, world_size)
     except ValueError:
         return None
-    for tparams, (algo, params) in space:
+    for tparams, cfg in space:
         try:
-            if config_key(algo, normalise(algo, params, world_size)) == want:
+            if normalise(cfg, world_size) == want:
                 return tparams
         except ValueError:
             continue

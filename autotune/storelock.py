@@ -1,6 +1,6 @@
 """One tuning run per study storage: an advisory lock next to a SQLite storage file.
 
-Use ``storage_lock(comm, opts)`` around a whole tuning run (``autotune.study.tune`` does).
+Use ``storage_lock(comm, opts)`` around a whole tuning run (``autotune.tuning.tune`` does).
 Two runs on one storage would corrupt each other's studies: the newcomer takes the other
 run's RUNNING trial for one left by a killed run, marks it FAIL, and the first run dies when
 it reports that trial. So rank 0 takes an exclusive ``flock`` on ``<database>.lock`` before

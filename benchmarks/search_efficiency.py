@@ -25,15 +25,16 @@ from typing import Any
 from mpi4py import MPI
 
 from autotune import space
-from autotune.driver import make_sampler as _make_sampler
+from autotune.bucket_search import make_sampler as _make_sampler
 from autotune.objective import COMPLETE, Timing, evaluate, timing_for
 from collectives import Communicator
 from collectives.bench import busbw, parse_size, time_allreduce
+from collectives.plan import Config
 from collectives.profile import builtin_profile
 
 
 def run_search(comm: Communicator, nbytes: int, trials: int, sampler: str, seed: int,
-               algorithms: list[str], timing: Timing) -> tuple[tuple[str, dict[str, Any]], float]:
+               algorithms: list[str], timing: Timing) -> tuple[Config, float]:
     """A ``trials``-trial study like one bucket of ``ringtune tune`` (with pruning)."""
     world = comm.comm
     n = comm.size
@@ -44,13 +45,13 @@ def run_search(comm: Communicator, nbytes: int, trials: int, sampler: str, seed:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(direction="minimize", sampler=_make_sampler(sampler, seed))
-        warm = [("native", {}), ("multiring", {"rings": 2, "chunk_bytes": 1 << 20}),
-                ("multiring", {"rings": 2, "chunk_bytes": 0}), ("rhd", {})]
+        warm = [Config("native"), Config("multiring", {"rings": 2, "chunk_bytes": 1 << 20}),
+                Config("multiring", {"rings": 2, "chunk_bytes": 0}), Config("rhd")]
         for guess in warm:
             tp = space.trial_params_for(guess, grid, n)
             if tp is not None:
                 study.enqueue_trial(tp, skip_if_exists=True)
-    best: tuple[tuple[str, dict[str, Any]], float] | None = None
+    best: tuple[Config, float] | None = None
     seen: dict[str, float | None] = {}
     done = 0
     dup = 0
@@ -59,7 +60,7 @@ def run_search(comm: Communicator, nbytes: int, trials: int, sampler: str, seed:
         if study is not None:
             trial = study.ask()
             cfg = space.suggest(trial, n, nbytes, algorithms)
-            key = space.config_key(*cfg)
+            key = cfg.key
             if key in seen:
                 # Already measured: tell the same value without spending a trial on it.
                 value = seen[key]
@@ -76,19 +77,18 @@ def run_search(comm: Communicator, nbytes: int, trials: int, sampler: str, seed:
             continue
         dup = 0
         number, cfg = cmd[1]
-        out = evaluate(comm, nbytes, "float32", "sum", cfg[0], cfg[1], timing,
-                       best[1] if best else None)
+        out = evaluate(comm, nbytes, "float32", "sum", cfg, timing, best[1] if best else None)
         done += 1
         value = out.time_us if out.state == COMPLETE else None
         if study is not None:
-            seen[space.config_key(*cfg)] = value
+            seen[cfg.key] = value
             if value is None:
                 study.tell(number, state=optuna.trial.TrialState.FAIL
                            if out.state != "pruned" else optuna.trial.TrialState.PRUNED)
             else:
                 study.tell(number, value)
         if value is not None and (best is None or value < best[1]):
-            best = ((cfg[0], dict(cfg[1])), value)
+            best = (cfg, value)
     assert best is not None
     return best
 
@@ -114,9 +114,9 @@ def main() -> int:
         timing = timing_for(sample.time_us)
         grid = space.enumerate_space(n, nbytes, algorithms)
         t0 = time.monotonic()
-        grid_best: tuple[tuple[str, dict[str, Any]], float] | None = None
+        grid_best: tuple[Config, float] | None = None
         for _, cfg in grid:
-            out = evaluate(comm, nbytes, "float32", "sum", cfg[0], cfg[1], timing, None)
+            out = evaluate(comm, nbytes, "float32", "sum", cfg, timing, None)
             if out.state == COMPLETE and out.time_us is not None and (
                     grid_best is None or out.time_us < grid_best[1]):
                 grid_best = (cfg, out.time_us)
@@ -130,8 +130,8 @@ def main() -> int:
         pair = [grid_best[0], found[0]]
         times: list[list[float]] = [[], []]
         for _ in range(args.rounds):
-            for j, (a, p) in enumerate(pair):
-                m = time_allreduce(comm, count, "float32", "sum", a, p,
+            for j, c in enumerate(pair):
+                m = time_allreduce(comm, count, "float32", "sum", c.algorithm, dict(c.params),
                                    warmup=timing.warmup, iters=timing.iters)
                 times[j].append(m.time_us)
             comm.clear_plans()
@@ -150,7 +150,7 @@ def main() -> int:
         for nb, size, tg, gcfg, gbw, ts, fcfg, fbw in results:
             ratio = fbw / gbw if gbw > 0 else float("nan")
             print(f"{nb:>10} {size:>9} {tg:>7.1f} {gbw:>8.3f} {ts:>8.1f} {fbw:>11.3f} "
-                  f"{ratio:>6.1%}  {space.describe(*gcfg)} | {space.describe(*fcfg)}")
+                  f"{ratio:>6.1%}  {gcfg.text()} | {fcfg.text()}")
         worst = min(r[7] / r[4] for r in results if r[4] > 0)
         print(f"# target: search best >= 95% of grid optimum in every bucket: worst "
               f"{worst:.1%} -> {'met' if worst >= 0.95 else 'NOT met'}")

@@ -26,6 +26,7 @@ class Sleep(Algorithm):
 
     name = "sleep"
     param_names = ("seconds",)
+    test_only = True
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any], world_size: int) -> dict[str, Any]:

@@ -7,7 +7,8 @@ owns, and so on; the all-gathers run back in reverse order. Each tier's links ca
 the data that must cross that tier: the outer (slow) dimensions move 1/d₀ of the buffer.
 
 Along each dimension an ``inner`` algorithm runs on a sub-communicator (``comm.Split``,
-cached per context):
+cached per context): any registered algorithm with a ``grid_dimension`` (its
+``grid_phase`` is the schedule, its ``grid_cost`` the model's time); today:
 
 - ``multiring`` (default): ``rings`` concurrent chunk-pipelined rings
   (``multiring.RingSchedule``); after its reduce-scatter rank *c* of the dimension owns
@@ -15,10 +16,11 @@ cached per context):
 - ``rhd``: recursive halving then, on the way back, recursive doubling. A dimension that is
   not a power of two folds its extra ranks in first: a folded rank owns an empty shard (its
   outer dimensions have nothing to do) and gets the region back at the end.
-- ``native``: the library's own allreduce on the sub-communicator (DDL's ``n:`` mode) over
-  the region, after which rank *c* keeps block *c* as its shard; the all-gather back is a
-  ring all-gather (a transport offers no native all-gather). A full sub-allreduce moves
-  more bytes than a reduce-scatter but uses the library's tuned code on that tier.
+- ``native`` (``native.NativePhase``): the library's own allreduce on the sub-communicator
+  (DDL's ``n:`` mode) over the region, after which rank *c* keeps block *c* as its shard;
+  the all-gather back is a ring all-gather (a transport offers no native all-gather). A
+  full sub-allreduce moves more bytes than a reduce-scatter but uses the library's tuned
+  code on that tier.
 
 Every element is reduced exactly once, in a fixed order, on the rank that owns it after
 the last reduce-scatter, and then only copied: results are bitwise identical on all ranks.
@@ -38,12 +40,20 @@ from typing import Any
 
 from ..orders import host_grouped_order
 from .base import Algorithm, Context
-from .multiring import RingSchedule, check_chunk_bytes, check_rings, chunk_choices
-from .registry import register
-from .rhd import RhdSchedule
+from .multiring import (
+    CHUNK_BYTES_SCHEMA,
+    MODEL_CHUNKS,
+    RINGS_SCHEMA,
+    check_chunk_bytes,
+    check_rings,
+    chunk_choices,
+)
+from .registry import get_algorithm, grid_algorithm_names, register
 
-#: Algorithms that can run along one dimension of the grid.
-INNER: tuple[str, ...] = ("multiring", "rhd", "native")
+#: Ring counts the cost model ranks for a grid (``model_space``; chunks as multiring's).
+MODEL_RINGS: tuple[int, ...] = (1, 2, 4)
+#: Most dimensions of the grids the cost model ranks.
+MODEL_MAX_DIMS = 3
 #: Most grid dimensions (a world of 2^22 ranks, the most a profile allows, has 22 of size 2).
 MAX_DIMS = 24
 
@@ -74,15 +84,16 @@ def check_dims(value: Any, world_size: int) -> list[int] | str:
 
 
 def check_inner(value: Any, ndims: int | None) -> Any:
-    """``inner`` parameter: ``None`` (``multiring`` everywhere), one name from ``INNER`` for
-    every dimension, or a list of one name per dimension. With ``ndims`` known, the result
-    is ``None`` or a list of ``ndims`` names."""
+    """``inner`` parameter: ``None`` (``multiring`` everywhere), one name of
+    ``grid_algorithm_names()`` for every dimension, or a list of one name per dimension.
+    With ``ndims`` known, the result is ``None`` or a list of ``ndims`` names."""
     if value is None:
         return None
     if isinstance(value, str):
-        if value not in INNER:
+        inner = grid_algorithm_names()
+        if value not in inner:
             raise ValueError(f"inner: {value!r} cannot run along a dimension; use one of "
-                             f"{', '.join(INNER)}")
+                             f"{', '.join(inner)}")
         return value if ndims is None else [value] * ndims
     if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
         raise ValueError(f"inner: expected a list of algorithm names, got {value!r}")
@@ -140,27 +151,6 @@ def check_grid_fits_hosts(dims: Sequence[int], hosts: Sequence[int]) -> None:
                 )
 
 
-class _NativePhase:
-    """The library's allreduce of the region on the sub-communicator, then this rank keeps
-    block *rank* of the region; the all-gather is a one-ring all-gather."""
-
-    def __init__(self, ctx: Context, offset: int, count: int, dtype: str, op: str) -> None:
-        self.ctx = ctx
-        self.op = op
-        self.offset, self.count = offset, count
-        self.ring = RingSchedule(ctx, offset, count, dtype, op, 1, 0, "topology")
-        self.owned = self.ring.owned
-        self.trivial = ctx.size == 1 or count == 0
-
-    def reduce_scatter(self, buf: Any) -> None:
-        if not self.trivial:
-            o = self.offset
-            self.ctx.transport.native_allreduce(buf[o:o + self.count], self.op)
-
-    def all_gather(self, buf: Any) -> None:
-        self.ring.all_gather(buf)
-
-
 @register
 class Hierarchical(Algorithm):
     """Reduce-scatter along each grid dimension, then all-gather back; see the module
@@ -168,6 +158,86 @@ class Hierarchical(Algorithm):
 
     name = "hierarchical"
     param_names = ("dims", "rings", "chunk_bytes", "inner")
+    display_order = 3
+    model_order = 3
+
+    @classmethod
+    def params_schema(cls) -> dict[str, Any]:
+        inner = {"enum": grid_algorithm_names()}
+        return {"type": "object", "additionalProperties": False, "properties": {
+            "dims": {"anyOf": [{"const": "auto"},
+                               {"type": "array", "minItems": 1, "maxItems": MAX_DIMS,
+                                "items": {"type": "integer", "minimum": 1}}]},
+            "rings": RINGS_SCHEMA,
+            "chunk_bytes": CHUNK_BYTES_SCHEMA,
+            "inner": {"anyOf": [{"type": "null"}, inner, {"type": "array", "items": inner}]},
+        }}
+
+    @classmethod
+    def cost(cls, model: Any, params: Mapping[str, Any], sizes: Any) -> Any:
+        """The sum over the grid's dimensions of each one's ``inner`` ``grid_cost``
+        (dimension j works on 1/(d0·…·dj−1) of the buffer)."""
+        import numpy as np
+
+        n = model.n
+        dims = list(params.get("dims") or [n])
+        if prod(dims) != n:
+            raise ValueError(f"dims {dims}: product is not {n}")
+        inner = params.get("inner") or ["multiring"] * len(dims)
+        if isinstance(inner, str):
+            inner = [inner] * len(dims)
+        own = {"rings": int(params.get("rings", 1)),
+               "chunk_bytes": int(params.get("chunk_bytes", 0))}
+        return sum((get_algorithm(inner[j]).grid_cost(model, s, d, r, own)
+                    for j, (s, d, r) in enumerate(dim_regions(dims, sizes))),
+                   np.zeros_like(sizes))
+
+    @classmethod
+    def model_space(cls, model: Any, sizes: Any) -> Any:
+        """Every grid of ``model_grids`` (more than one dimension: a flat grid is the flat
+        algorithms), ``MODEL_RINGS`` × multiring's ``MODEL_CHUNKS``; for each, the best
+        ``inner`` per dimension, chosen per size and independently (dimensions run one
+        after the other, so their times add), as DDL's exploration mode did."""
+        import numpy as np
+
+        if model.n <= 1:
+            return
+        inner = grid_algorithm_names()
+        dim_cache: dict[tuple[int, int, int, int], Any] = {}
+        for dims in model_grids(model):
+            if len(dims) == 1:
+                continue
+            regions = dim_regions(dims, sizes)
+            for rings in MODEL_RINGS:
+                for cb in MODEL_CHUNKS:
+                    own = {"rings": rings, "chunk_bytes": cb}
+                    total = np.zeros_like(sizes)
+                    per_dim = []
+                    for s, d, r in regions:
+                        # Grids share dimensions (same stride and size): compute each once.
+                        key = (s, d, rings, cb)
+                        opts = dim_cache.get(key)
+                        if opts is None:
+                            opts = np.stack([get_algorithm(k).grid_cost(model, s, d, r, own)
+                                             for k in inner])
+                            dim_cache[key] = opts
+                        per_dim.append(opts)
+                        total = total + opts.min(axis=0)
+                    yield {"dims": dims, "rings": rings, "chunk_bytes": cb,
+                           "_per_dim": per_dim, "_inner": inner}, total
+
+    @classmethod
+    def concrete(cls, params: Mapping[str, Any], index: int) -> dict[str, Any]:
+        """The grid's parameters with, per dimension, the ``inner`` fastest at this size."""
+        import numpy as np
+
+        out = super().concrete(params, index)
+        per_dim = params.get("_per_dim")
+        if per_dim is not None:
+            names = params["_inner"]
+            out["dims"] = list(out["dims"])
+            out["inner"] = [names[int(np.argmin(opts[:, index]))] for opts in per_dim]
+        return out
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any], world_size: int) -> dict[str, Any]:
@@ -193,7 +263,8 @@ class Hierarchical(Algorithm):
         rings = trial.suggest_int("hierarchical.rings", 1, 4)
         seg = max(1, nbytes // max(1, world_size * rings))
         chunk = trial.suggest_categorical("hierarchical.chunk_bytes", chunk_choices(seg))
-        inner = [trial.suggest_categorical(f"hierarchical.inner{j}", list(INNER))
+        choices = grid_algorithm_names()
+        inner = [trial.suggest_categorical(f"hierarchical.inner{j}", choices)
                  for j in range(len(dims))]
         return {"dims": dims, "rings": rings, "chunk_bytes": chunk, "inner": inner}
 
@@ -216,15 +287,8 @@ class Hierarchical(Algorithm):
         subs = _sub_contexts(ctx, hosts, dims)
         offset, length = 0, count
         for j, sub in enumerate(subs):
-            kind = inner[j]
-            if kind == "multiring":
-                phase: Any = RingSchedule(sub, offset, length, dtype, op,
-                                          self.params.get("rings", 1),
-                                          self.params.get("chunk_bytes", 0), "topology")
-            elif kind == "rhd":
-                phase = RhdSchedule(sub, offset, length, dtype, op)
-            else:
-                phase = _NativePhase(sub, offset, length, dtype, op)
+            phase = get_algorithm(inner[j]).grid_phase(sub, offset, length, dtype, op,
+                                                       self.params)
             self.phases.append(phase)
             offset, length = phase.owned
 
@@ -254,6 +318,31 @@ def factorisations(n: int) -> list[list[int]]:
 
     walk(n, [])
     return sorted(out, key=len)
+
+
+def dim_regions(dims: Sequence[int], sizes: Any) -> list[tuple[int, int, Any]]:
+    """(stride, size, region bytes) per grid dimension: dimension j works on 1/(d0·…·dj−1)
+    of the buffer, over ranks ``stride`` = d0·…·dj−1 apart."""
+    out, stride = [], 1
+    for d in dims:
+        out.append((stride, d, sizes / stride))
+        stride *= d
+    return out
+
+
+def model_grids(model: Any, max_dims: int = MODEL_MAX_DIMS) -> list[list[int]]:
+    """The grids of ``model.n`` ranks the cost model ranks: at most ``max_dims``
+    dimensions, none splitting a host of ``model.hosts``."""
+    out = []
+    for g in factorisations(model.n):
+        if len(g) > max_dims:
+            continue
+        try:
+            check_grid_fits_hosts(g, model.hosts)
+        except ValueError:
+            continue
+        out.append(g)
+    return out
 
 
 def _sub_contexts(ctx: Context, hosts: Sequence[int], dims: Sequence[int]) -> list[Context]:

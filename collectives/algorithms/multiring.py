@@ -24,6 +24,23 @@ from .base import Algorithm, Context
 from .registry import register
 
 MAX_RINGS = 16
+#: Ring counts and chunk sizes the cost model ranks (``model_space``): a coarse subset of
+#: the searched ones (``chunk_choices``; 0 = whole segment), since the model ranks whole
+#: families of configurations one array of sizes at a time.
+MODEL_RINGS: tuple[int, ...] = (1, 2, 4, 8)
+MODEL_CHUNKS: tuple[int, ...] = (0, 1 << 18, 1 << 20, 1 << 22)
+
+#: JSON Schema fragments of the parameters (``hierarchical`` shares them).
+RINGS_SCHEMA: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": MAX_RINGS}
+CHUNK_BYTES_SCHEMA: dict[str, Any] = {
+    "description": "0 (whole segment) or a power of two",
+    "enum": [0] + [1 << k for k in range(41)]}
+ORDER_SCHEMA: dict[str, Any] = {"anyOf": [
+    {"enum": ["topology", "identity"]},
+    {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+    {"type": "array", "minItems": 1,
+     "items": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}},
+]}
 
 
 def _balanced(count: int, parts: int) -> list[tuple[int, int]]:
@@ -207,6 +224,36 @@ class Multiring(Algorithm):
 
     name = "multiring"
     param_names = ("rings", "chunk_bytes", "order")
+    display_order = 1
+    model_order = 2
+    grid_dimension = 0
+
+    @classmethod
+    def params_schema(cls) -> dict[str, Any]:
+        return {"type": "object", "additionalProperties": False,
+                "properties": {"rings": RINGS_SCHEMA, "chunk_bytes": CHUNK_BYTES_SCHEMA,
+                               "order": ORDER_SCHEMA}}
+
+    @classmethod
+    def grid_cost(cls, model: Any, stride: int, d: int, region: Any,
+                  params: Mapping[str, Any]) -> Any:
+        """``rings`` concurrent chunk-pipelined rings: reduce-scatter plus all-gather."""
+        rings, cb = int(params.get("rings", 1)), int(params.get("chunk_bytes", 0))
+        return (model.ring_phase(stride, d, region, rings, cb, True)
+                + model.ring_phase(stride, d, region, rings, cb, False))
+
+    @classmethod
+    def model_space(cls, model: Any, sizes: Any) -> Any:
+        for rings in MODEL_RINGS:
+            for cb in MODEL_CHUNKS:
+                params = {"rings": rings, "chunk_bytes": cb, "order": "topology"}
+                yield params, cls.cost(model, params, sizes)
+
+    @classmethod
+    def grid_phase(cls, ctx: Context, offset: int, count: int, dtype: str, op: str,
+                   params: Mapping[str, Any]) -> RingSchedule:
+        return RingSchedule(ctx, offset, count, dtype, op, params.get("rings", 1),
+                            params.get("chunk_bytes", 0), "topology")
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any], world_size: int) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .base import Algorithm, Context
+from .multiring import RingSchedule
 from .registry import register
 
 _IMPL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -30,6 +31,34 @@ class Native(Algorithm):
 
     name = "native"
     param_names = ("impl",)
+    display_order = 0
+    model_order = 0
+    grid_dimension = 2
+
+    @classmethod
+    def params_schema(cls) -> dict[str, Any]:
+        return {"type": "object", "additionalProperties": False,
+                "properties": {"impl": {
+                    "description": "one of the library's own allreduce algorithms (MPICH's "
+                                   "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM choices), or auto",
+                    "type": "string", "pattern": _IMPL_RE.pattern}}}
+
+    @classmethod
+    def cost(cls, model: Any, params: Mapping[str, Any], sizes: Any) -> Any:
+        """The library's allreduce as the model knows it (``Model.native_allreduce``)."""
+        return model.native_allreduce(1, model.n, sizes)
+
+    @classmethod
+    def grid_cost(cls, model: Any, stride: int, d: int, region: Any,
+                  params: Mapping[str, Any]) -> Any:
+        """A full sub-allreduce of the region, then a one-ring all-gather back."""
+        return (model.native_allreduce(stride, d, region)
+                + model.ring_phase(stride, d, region, 1, 0, False))
+
+    @classmethod
+    def grid_phase(cls, ctx: Context, offset: int, count: int, dtype: str, op: str,
+                   params: Mapping[str, Any]) -> NativePhase:
+        return NativePhase(ctx, offset, count, dtype, op)
 
     def __init__(self, ctx: Context, count: int, dtype: str, op: str,
                  params: Mapping[str, Any]) -> None:
@@ -75,6 +104,28 @@ class Native(Algorithm):
             self.ctx.transport.native_allreduce(buf, self.op)
         finally:
             sel.exit()
+
+
+class NativePhase:
+    """One dimension of a ``hierarchical`` grid the library's way: its allreduce of the
+    region on the sub-communicator, after which this rank keeps block *rank* of the region;
+    the all-gather back is a one-ring all-gather (a transport offers no native one)."""
+
+    def __init__(self, ctx: Context, offset: int, count: int, dtype: str, op: str) -> None:
+        self.ctx = ctx
+        self.op = op
+        self.offset, self.count = offset, count
+        self.ring = RingSchedule(ctx, offset, count, dtype, op, 1, 0, "topology")
+        self.owned = self.ring.owned
+        self.trivial = ctx.size == 1 or count == 0
+
+    def reduce_scatter(self, buf: Any) -> None:
+        if not self.trivial:
+            o = self.offset
+            self.ctx.transport.native_allreduce(buf[o:o + self.count], self.op)
+
+    def all_gather(self, buf: Any) -> None:
+        self.ring.all_gather(buf)
 
 
 def _selector(impl: str, transport: str) -> Any:

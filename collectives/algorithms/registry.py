@@ -1,10 +1,17 @@
 """The algorithm registry itself: ``register`` (the class decorator each algorithm module
-applies), ``get_algorithm`` and ``algorithm_names``. Algorithm modules import ``register``
-from here, never from the package, so the package can import them without a circle; users
-import the names from ``collectives.algorithms``.
+applies), ``get_algorithm`` and ``algorithm_names``, and the lists derived from the classes
+(``grid_algorithm_names``: what ``hierarchical`` may run along a dimension). Algorithm
+modules import ``register`` from here, never from the package, so the package can import
+them without a circle; users import the names from ``collectives.algorithms``.
+
+Tests that register an algorithm of their own use ``registered(cls)`` (a context manager)
+or ``unregister(name)`` afterwards, so the registry is clean for the next test.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from .base import Algorithm
 
@@ -19,6 +26,27 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
+def unregister(name: str) -> None:
+    """Remove the algorithm called ``name`` (a test's own algorithm, after the test);
+    nothing happens for a name that is not registered."""
+    _REGISTRY.pop(name, None)
+
+
+@contextmanager
+def registered(cls: type[Algorithm]) -> Iterator[type[Algorithm]]:
+    """``with registered(Toy):`` — ``Toy`` is registered inside the block and removed
+    after it (an algorithm it replaced under the same name comes back)."""
+    before = _REGISTRY.get(cls.name)
+    register(cls)
+    try:
+        yield cls
+    finally:
+        if before is None:
+            unregister(cls.name)
+        else:
+            _REGISTRY[cls.name] = before
+
+
 def get_algorithm(name: str) -> type[Algorithm]:
     """The algorithm class called ``name``; ``ValueError`` naming the known ones."""
     try:
@@ -31,3 +59,18 @@ def get_algorithm(name: str) -> type[Algorithm]:
 def algorithm_names() -> list[str]:
     """Registered algorithm names, sorted."""
     return sorted(_REGISTRY)
+
+
+def grid_algorithm_names() -> list[str]:
+    """The algorithms that can run along one dimension of a ``hierarchical`` grid (those
+    with a ``grid_dimension``), in that order: the first is the default ``inner``."""
+    grid = [c for c in _REGISTRY.values() if c.grid_dimension is not None]
+    return [c.name for c in sorted(grid, key=lambda c: (c.grid_dimension, c.name))]
+
+
+def user_algorithm_names(order: str = "display_order") -> list[str]:
+    """Registered algorithms that are not test-only, sorted by the class attribute
+    ``order`` (``display_order`` for lists for people, ``model_order`` for the cost
+    model's candidates), then by name."""
+    users = [c for c in _REGISTRY.values() if not c.test_only]
+    return [c.name for c in sorted(users, key=lambda c: (getattr(c, order), c.name))]

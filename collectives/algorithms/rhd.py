@@ -12,6 +12,7 @@ on its owner, then copied: results are bitwise identical on all ranks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .base import Algorithm, Context
@@ -110,6 +111,21 @@ class Rhd(Algorithm):
     """Recursive halving/doubling with folding for non-powers of two."""
 
     name = "rhd"
+    display_order = 2
+    model_order = 1
+    grid_dimension = 1
+
+    @classmethod
+    def grid_cost(cls, model: Any, stride: int, d: int, region: Any,
+                  params: Mapping[str, Any]) -> Any:
+        """Recursive halving, then doubling (with the fold of a non-power of two)."""
+        return (model.rhd_phase(stride, d, region, True)
+                + model.rhd_phase(stride, d, region, False))
+
+    @classmethod
+    def grid_phase(cls, ctx: Context, offset: int, count: int, dtype: str, op: str,
+                   params: Mapping[str, Any]) -> RhdSchedule:
+        return RhdSchedule(ctx, offset, count, dtype, op)
 
     def __init__(self, ctx: Context, count: int, dtype: str, op: str, params: Any) -> None:
         super().__init__(ctx, count, dtype, op, params)

@@ -52,9 +52,9 @@ def host_counts(hosts: int) -> list[int]:
 def simulate(cluster: Any, sizes: list[int], workload: Any = None,
              algorithms: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The whole result as plain data (what ``--json`` writes)."""
-    from autotune.model import ALGORITHMS, Model
+    from autotune.model import Model, model_algorithms
 
-    algos = algorithms or ALGORITHMS
+    algos = algorithms or model_algorithms()
     model = Model(cluster)
     best = model.best(sizes, algos)
     rows = []
@@ -230,7 +230,7 @@ def _plot(result: dict[str, Any], path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autotune.cluster import load_cluster, load_workload
-    from autotune.model import ALGORITHMS
+    from autotune.model import model_algorithms
     from collectives.atomic import write_text_atomic
     from collectives.bench import parse_size, size_list
     from ringtune.errors import UsageError
@@ -241,10 +241,11 @@ def run(args: argparse.Namespace) -> int:
                                   args.stepfactor) if s > 0]
     if not sizes:
         raise UsageError("simulate: no positive sizes between -b and -e")
-    algos = tuple(args.algo) if args.algo else ALGORITHMS
-    unknown = [a for a in algos if a not in ALGORITHMS]
+    known = model_algorithms()
+    algos = tuple(args.algo) if args.algo else known
+    unknown = [a for a in algos if a not in known]
     if unknown:
-        raise UsageError(f"--algo {unknown[0]}: the cost model knows {', '.join(ALGORITHMS)}")
+        raise UsageError(f"--algo {unknown[0]}: the cost model knows {', '.join(known)}")
     result = simulate(cluster, sizes, workload, algos)
     lines = tables(result)
     if args.json:

@@ -152,12 +152,12 @@ def _workload_tensors(path: str) -> list[int]:
 def _check_cupy_here() -> None:
     """``--backend cupy`` where this process has no CuPy or GPU: one line, before any rank
     starts. Only outside mpiexec (the launching process): under mpiexec the ranks decide
-    together in ``autotune.study.resolve_backend``, so no rank raises alone."""
+    together in ``autotune.tuning.resolve_backend``, so no rank raises alone."""
     from ..launch import under_mpiexec
 
     if under_mpiexec():
         return
-    from autotune.study import cupy_missing
+    from autotune.tuning import cupy_missing
     from collectives.cuda.detect import cupy_status
 
     ok, why = cupy_status()
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from autotune.report import profile_heading, rule_table, write_report
-    from autotune.study import TuneError, tune
+    from autotune.tuning import TuneError, tune
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()

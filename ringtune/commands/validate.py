@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     from mpi4py import MPI
 
-    from autotune.study import world_identity
+    from autotune.tuning import world_identity
 
     comm = MPI.COMM_WORLD
     here = world_identity(comm)

@@ -215,8 +215,9 @@ def test_tuner_search_space_gives_runnable_configurations(comm: Any) -> None:
     seen_dims = set()
     for _ in range(8):
         trial = study.ask()
-        algo, params = suggest(trial, N, 1 << 16, ["hierarchical"])
-        checked = get_algorithm(algo).check_params(params, N)
+        cfg = suggest(trial, N, 1 << 16, ["hierarchical"])
+        params = dict(cfg.params)
+        checked = get_algorithm(cfg.algorithm).check_params(params, N)
         if N > 1:
             seen_dims.add(tuple(checked["dims"]))
             if len(checked["inner"]) != len(checked["dims"]):

@@ -1,4 +1,4 @@
-"""``autotune.study.tune`` in process, at any world size: every rank gets the same profile,
+"""``autotune.tuning.tune`` in process, at any world size: every rank gets the same profile,
 the file is valid for this world, and a second run resumes without redoing buckets."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from autotune.study import TuneError, TuneOptions, tune
+from autotune.tuning import TuneError, TuneOptions, tune
 from collectives.profile import load_profile
 
 from .conftest import WORLD, agree

@@ -10,7 +10,7 @@ import tempfile
 import numpy as np
 
 from autotune.fusion import candidates
-from autotune.study import TuneOptions, tune
+from autotune.tuning import TuneOptions, tune
 from collectives import Communicator
 from collectives.fusion import resolve_bucket_bytes
 from collectives.profile import load_profile

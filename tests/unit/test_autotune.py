@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -18,6 +19,7 @@ from autotune.records import BucketSummary, Choice, TuneOptions, TuneResult
 from autotune.report import markdown_table, rule_table, write_report
 from autotune.watchdog import Watchdog
 from collectives.algorithms import get_algorithm
+from collectives.plan import Config
 from collectives.profile import profile_from_dict
 
 FP = "sha256:" + "cd" * 32
@@ -33,28 +35,30 @@ IDENTITY = {"fingerprint": FP, "world_size": 4, "hosts": 1, "ranks_per_host": 4,
 def test_every_configuration_of_the_space_is_valid(n: int, nbytes: int) -> None:
     configs = space.enumerate_space(n, nbytes, space.searchable())
     assert configs
-    keys = [space.config_key(*cfg) for _, cfg in configs]
+    keys = [space.config_key(cfg) for _, cfg in configs]
     assert len(keys) == len(set(keys)), "duplicates in the enumerated space"
-    algos = {cfg[0] for _, cfg in configs}
+    assert len({cfg for _, cfg in configs}) == len(configs), "equal records, other keys"
+    algos = {cfg.algorithm for _, cfg in configs}
     assert {"native", "rhd", "multiring"} <= algos
-    for _, (algo, params) in configs:
-        get_algorithm(algo).check_params(params, n)
+    for _, cfg in configs:
+        get_algorithm(cfg.algorithm).check_params(cfg.params, n)
+        assert cfg.transport is None
 
 
 def test_chunk_choices_fit_the_bucket() -> None:
     small = space.enumerate_space(2, 1024, ["multiring"])
-    assert {p["chunk_bytes"] for _, (_, p) in small} == {0}
+    assert {c.params["chunk_bytes"] for _, c in small} == {0}
     big = space.enumerate_space(2, 16 << 20, ["multiring"])
-    chunks = {p["chunk_bytes"] for _, (_, p) in big}
+    chunks = {c.params["chunk_bytes"] for _, c in big}
     assert 0 in chunks and max(chunks) < 16 << 20
     assert all(c == 0 or c & (c - 1) == 0 for c in chunks)
 
 
 def test_order_is_searched_only_where_it_matters() -> None:
     two = space.enumerate_space(2, 1 << 20, ["multiring"])
-    assert {p["order"] for _, (_, p) in two} == {"topology"}
+    assert {c.params["order"] for _, c in two} == {"topology"}
     four = space.enumerate_space(4, 1 << 20, ["multiring"])
-    assert {p["order"] for _, (_, p) in four} == {"topology", "identity"}
+    assert {c.params["order"] for _, c in four} == {"topology", "identity"}
 
 
 def test_suggest_with_optuna_accepts_dynamic_choices_and_enqueued_params() -> None:
@@ -68,26 +72,24 @@ def test_suggest_with_optuna_accepts_dynamic_choices_and_enqueued_params() -> No
     tparams, cfg = grid[len(grid) // 2]
     study.enqueue_trial(tparams)
     trial = study.ask()
-    assert space.config_key(*space.suggest(trial, 4, 1 << 20, space.searchable())) == \
-        space.config_key(*cfg)
+    assert space.suggest(trial, 4, 1 << 20, space.searchable()) == cfg
     study.tell(trial, 1.0)
     for i in range(60):
         trial = study.ask()
-        algo, params = space.suggest(trial, 4, [4096, 1 << 20, 16 << 20][i % 3],
-                                     space.searchable())
-        get_algorithm(algo).check_params(params, 4)
+        cfg = space.suggest(trial, 4, [4096, 1 << 20, 16 << 20][i % 3], space.searchable())
+        get_algorithm(cfg.algorithm).check_params(cfg.params, 4)
         study.tell(trial, float(i))
 
 
 def test_trial_params_for_finds_guesses_in_the_space() -> None:
     grid = space.enumerate_space(2, 1 << 20, space.searchable())
-    tp = space.trial_params_for(("multiring", {"rings": 2}), grid, 2)
+    tp = space.trial_params_for(Config("multiring", {"rings": 2}), grid, 2)
     assert tp is not None and tp["algorithm"] == "multiring"
-    native = space.trial_params_for(("native", {}), grid, 2)
+    native = space.trial_params_for(Config("native"), grid, 2)
     # native's only parameter (MPICH's impl, where the library lists algorithms) at auto.
     assert native is not None and native.pop("algorithm") == "native"
     assert all(k.startswith("native.impl") and v == "auto" for k, v in native.items())
-    assert space.trial_params_for(("multiring", {"rings": 99}), grid, 2) is None
+    assert space.trial_params_for(Config("multiring", {"rings": 99}), grid, 2) is None
 
 
 def test_searchable_rejects_unknown_and_hides_test_algorithms() -> None:
@@ -98,7 +100,7 @@ def test_searchable_rejects_unknown_and_hides_test_algorithms() -> None:
 
 def test_world_of_one_has_no_parameters() -> None:
     configs = space.enumerate_space(1, 1 << 20, ["native", "multiring"])
-    assert [cfg for _, cfg in configs] == [("native", {}), ("multiring", {})]
+    assert [cfg for _, cfg in configs] == [Config("native"), Config("multiring")]
 
 
 # -- buckets, names, rules -------------------------------------------------------------------
@@ -124,14 +126,15 @@ def test_rule_bounds_are_contiguous_geometric_midpoints() -> None:
 
 
 def _choice(nbytes: int, algo: str, params: dict[str, Any], t: float, native: float) -> Choice:
-    return Choice(nbytes, algo, params, t, native, nbytes / t / 1e3 * 1.5,
+    return Choice(nbytes, Config(algo, params), t, native, nbytes / t / 1e3 * 1.5,
                   nbytes / native / 1e3 * 1.5)
 
 
 def _result(choices: list[Choice]) -> TuneResult:
     sums = [BucketSummary(c.nbytes, f"s-float32-sum-{c.nbytes}B", "trials", 5,
-                          [(c.algorithm, c.params, c.time_us)],
-                          {c.algorithm: (c.params, c.time_us), "native": ({}, c.native_time_us)})
+                          [(c.config, c.time_us)],
+                          {c.algorithm: (c.config, c.time_us),
+                           "native": (Config("native"), c.native_time_us)})
             for c in choices]
     opts = TuneOptions(out="x.yaml", buckets=[c.nbytes for c in choices], storage="sqlite://")
     prof = build_profile(IDENTITY, opts, sums, choices, 12.0, ["native", "multiring"])
@@ -213,3 +216,30 @@ def test_watchdog_disarmed_does_not_fire() -> None:
     off.arm("x", lambda d: d)
     off.close()
     assert fired == []
+
+
+# -- the configuration record -------------------------------------------------------------
+
+
+def test_config_is_frozen_hashable_and_keeps_the_recorded_key() -> None:
+    a = Config("hierarchical", {"dims": [2, 2], "inner": ["rhd", "native"]}, "nccl")
+    b = Config("hierarchical", {"inner": ("rhd", "native"), "dims": (2, 2)}, "nccl")
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != a.with_transport(None) and a != a.with_transport("staged")
+    # Read-only: a value read out is a copy, and the record itself cannot be changed.
+    a.params["dims"].append(7)
+    assert a.params["dims"] == [2, 2]
+    with pytest.raises(TypeError):
+        a.params["dims"] = [4]  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        a.transport = "mpi"  # type: ignore[misc]
+    # The key is the text studies recorded before Config (transport among the params), so
+    # a resumed study recognises what it measured.
+    assert a.key == json.dumps(["hierarchical", {"dims": [2, 2], "inner": ["rhd", "native"],
+                                                 "transport": "nccl"}], sort_keys=True)
+    assert a.text() == "hierarchical transport=nccl dims=2x2 inner=rhd,native"
+    # The transport is a field, never a parameter; old records with it inside params read.
+    with pytest.raises(ValueError, match="transport"):
+        Config("native", {"transport": "nccl"})
+    assert Config.from_record("native", {"transport": "nccl"}) == Config("native", {}, "nccl")
+    assert Config.from_record(**a.record()) == a

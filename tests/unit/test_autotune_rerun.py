@@ -11,13 +11,14 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune import driver as driver_mod
+from autotune import bucket_search as driver_mod
 from autotune import replay, space
+from autotune.bucket_search import MAX_TIMEOUTS, Driver
 from autotune.choose import build_profile
-from autotune.driver import MAX_TIMEOUTS, Driver
 from autotune.objective import COMPLETE, TrialOutcome
 from autotune.records import BucketSummary, Choice, TuneOptions
 from autotune.report import profile_heading
+from collectives.plan import Config
 from collectives.profile import dump_profile
 
 FP = "sha256:" + "ab" * 32
@@ -54,7 +55,7 @@ def _run_bucket(d: Driver, limit: int = 500) -> tuple[str, list[str]]:
         cmd = d.next_command(deadline=math.inf)
         if cmd["op"] == "done":
             return cmd["reason"], ran
-        key = space.config_key(cmd["algorithm"], cmd["params"])
+        key = space.config_key(cmd["config"])
         ran.append(key)
         t = 10.0 + len(key) % 7
         d.record(TrialOutcome(COMPLETE, t, NBYTES / t / 1e3))
@@ -84,7 +85,7 @@ def test_a_stubborn_sampler_still_covers_the_whole_space(tmp_path: Any,
                                                          monkeypatch: Any) -> None:
     monkeypatch.setattr(driver_mod, "make_sampler", lambda name, seed: Stubborn())
     d = _driver(tmp_path, _storage(tmp_path))
-    everything = {space.config_key(*cfg) for _, cfg in d.space()}
+    everything = {space.config_key(cfg) for _, cfg in d.space()}
     reason, ran = _run_bucket(d)
     assert reason == "exhausted"
     assert len(ran) == len(set(ran)), "a configuration was measured twice"
@@ -108,7 +109,7 @@ def test_a_timeout_is_retried_once_then_ruled_out(tmp_path: Any, monkeypatch: An
     storage = _storage(tmp_path)
     first = _driver(tmp_path, storage, trials=3)
     cmd = first.next_command(deadline=math.inf)
-    hung = space.config_key(cmd["algorithm"], cmd["params"])
+    hung = space.config_key(cmd["config"])
     msg = first.record_timeout("trial 0 (x)", timeout_s=3.0)
     assert "recorded as TIMEOUT" in msg and "retries it once" in msg, msg
     assert "will not be retried" not in msg
@@ -121,7 +122,7 @@ def test_a_timeout_is_retried_once_then_ruled_out(tmp_path: Any, monkeypatch: An
     second = _driver(tmp_path, storage, trials=3)
     assert second.evaluated == 0 and hung in second.untried()
     cmd = second.next_command(deadline=math.inf)
-    assert space.config_key(cmd["algorithm"], cmd["params"]) == hung
+    assert space.config_key(cmd["config"]) == hung
     msg = second.record_timeout("trial 1 (x)", timeout_s=3.0)
     assert f"timed out in {MAX_TIMEOUTS} runs and is ruled out" in msg, msg
 
@@ -139,11 +140,11 @@ def test_a_retry_that_passes_is_measured_normally(tmp_path: Any) -> None:
     storage = _storage(tmp_path)
     first = _driver(tmp_path, storage, trials=2)
     cmd = first.next_command(deadline=math.inf)
-    hung = space.config_key(cmd["algorithm"], cmd["params"])
+    hung = space.config_key(cmd["config"])
     first.record_timeout("trial 0 (x)", timeout_s=3.0)
     second = _driver(tmp_path, storage, trials=2)
     cmd = second.next_command(deadline=math.inf)
-    assert space.config_key(cmd["algorithm"], cmd["params"]) == hung
+    assert space.config_key(cmd["config"]) == hung
     second.record(TrialOutcome(COMPLETE, 12.0, 0.3))
     assert hung in second.done and not second.ruled_out
     # Measured now: a later run queues no further retry of it.
@@ -175,7 +176,8 @@ def test_a_waiting_retry_is_not_queued_twice(tmp_path: Any) -> None:
 
 
 def _summary(nbytes: int, top: list[tuple[str, dict[str, Any], float]]) -> BucketSummary:
-    return BucketSummary(nbytes, f"s-float32-sum-{nbytes}B", "trials", 5, top, {},
+    return BucketSummary(nbytes, f"s-float32-sum-{nbytes}B", "trials", 5,
+                         [(Config(a, p), t) for a, p, t in top], {},
                          "2026-12-01T09:00:00Z", "2026-12-01T09:00:05Z", 4.0)
 
 
@@ -189,7 +191,8 @@ def test_recorded_choice_is_reused_only_for_the_same_inputs(tmp_path: Any) -> No
     storage = _storage(tmp_path)
     sid = storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], sums[0].study)
     assert sid is not None and replay.load_choices(storage, [sums[0].study]) == [None]
-    choice = Choice(1024, "rhd", {}, 9.0, 11.0, 0.1, 0.09, [("native", {}, 11.0)], None, 0.7)
+    choice = Choice(1024, Config("rhd"), 9.0, 11.0, 0.1, 0.09, [(Config("native"), 11.0)],
+                    None, 0.7)
     stamped = replay.save_choice(storage, sums[0].study, choice, inputs)
     assert stamped.measured_at and stamped.measured_at.endswith("Z")
     [record] = replay.load_choices(storage, [sums[0].study])
@@ -201,13 +204,23 @@ def test_recorded_choice_is_reused_only_for_the_same_inputs(tmp_path: Any) -> No
     assert replay.reuse(record, replay.choice_inputs(opts, moved, 0, 2)) is None
     assert replay.reuse({"inputs": inputs, "choice": {"nbytes": 1}}, inputs) is None
     assert replay.reuse(None, inputs) is None
+    # A record written before Config (algorithm and params as fields, a GPU transport inside
+    # params) still reads: a rerun after the upgrade reuses it.
+    old = {"nbytes": 1024, "algorithm": "multiring", "params": {**RING, "transport": "nccl"},
+           "time_us": 9.0, "native_time_us": 11.0, "busbw_gbps": 0.1,
+           "native_busbw_gbps": 0.09, "candidates": [["native", {"transport": "nccl"}, 11.0]],
+           "measured_at": "2026-12-01T09:00:07Z", "seconds": 0.7}
+    was = replay.reuse({"inputs": inputs, "choice": old}, inputs)
+    assert was is not None and was.config == Config("multiring", RING, "nccl")
+    assert was.candidates == [(Config("native", {}, "nccl"), 11.0)]
 
 
 def test_same_record_same_profile_bytes_and_a_truthful_heading(tmp_path: Any) -> None:
     opts = _opts(tmp_path, buckets=[1024, 4096])
     sums = [_summary(1024, [("rhd", {}, 9.0)]), _summary(4096, [("multiring", RING, 20.0)])]
-    choices = [Choice(1024, "rhd", {}, 9.0, 11.0, 0.1, 0.09, [], "2026-12-01T09:00:07Z", 0.5),
-               Choice(4096, "multiring", RING, 20.0, 30.0, 0.2, 0.1, [],
+    choices = [Choice(1024, Config("rhd"), 9.0, 11.0, 0.1, 0.09, [], "2026-12-01T09:00:07Z",
+                      0.5),
+               Choice(4096, Config("multiring", RING), 20.0, 30.0, 0.2, 0.1, [],
                       "2026-12-01T09:00:08Z", 0.5)]
     texts = {dump_profile(build_profile(IDENTITY, opts, sums, choices, 9.0, ALGOS))
              for _ in range(2)}
@@ -228,7 +241,7 @@ def test_a_choice_measured_now_dates_the_profile_now(tmp_path: Any,
                                                      stamps: list[str | None]) -> None:
     opts = _opts(tmp_path, buckets=[1024, 4096])
     sums = [_summary(1024, []), _summary(4096, [])]
-    choices = [Choice(b, "native", {}, 9.0, 9.0, 0.1, 0.1, [], s)
+    choices = [Choice(b, Config("native"), 9.0, 9.0, 0.1, 0.1, [], s)
                for b, s in zip((1024, 4096), stamps)]
     created = build_profile(IDENTITY, opts, sums, choices, 1.0, ALGOS)["created"]
     assert created > "2026-12-01T09:00:07Z"

@@ -77,3 +77,26 @@ def test_shipped_examples_pass_both(validator: Any, path: str) -> None:
         data = yaml.safe_load(fh)
     assert validator.is_valid(data), [e.message for e in validator.iter_errors(data)]
     load_profile(path)
+
+
+def test_checked_in_schema_is_generated_from_the_registry() -> None:
+    """The file is ``collectives.schema``'s output for today's registry: an algorithm whose
+    parameters changed without ``make schema`` fails here."""
+    from collectives.schema import schema_text
+
+    with open(SCHEMA_PATH, encoding="utf-8") as fh:
+        assert fh.read() == schema_text(), "profiles/schema is stale: run make schema"
+
+
+def test_native_impl_is_in_the_schema(validator: Any) -> None:
+    """``native`` accepts ``impl`` (the library's own algorithm): the schema agrees with the
+    loader, and refuses a malformed name the loader refuses too."""
+    data = json.loads(json.dumps(GOOD[sorted(GOOD)[0]]))
+    rule = next(r for r in data["rules"] if r["algorithm"] == "native")
+    rule["params"] = {"impl": "auto"}
+    assert validator.is_valid(data), [e.message for e in validator.iter_errors(data)]
+    profile_from_dict(data, "impl-auto")
+    rule["params"] = {"impl": "Not A Name"}
+    assert not validator.is_valid(data)
+    with pytest.raises(ProfileError, match="impl"):
+        profile_from_dict(data, "impl-bad")

@@ -17,13 +17,15 @@ import pytest
 
 import collectives.cuda as C
 from autotune import space
+from autotune.bucket_search import Driver
 from autotune.choose import build_profile, native_config
-from autotune.driver import Driver
 from autotune.naming import study_name
 from autotune.records import BucketSummary, Choice, TuneError, TuneOptions
 from autotune.report import rule_table
-from autotune.study import common_transports, resolve_backend
+from autotune.tuning import common_transports, resolve_backend
+from collectives.algorithms import get_algorithm
 from collectives.cuda import detect as D
+from collectives.plan import Config
 from collectives.profile import profile_from_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,22 +54,27 @@ class FakeComm:
 def test_cupy_space_has_transport_with_exactly_the_given_choices() -> None:
     transports = ["nccl", "staged"]
     grid = space.enumerate_space(2, 1 << 20, space.searchable(), transports)
-    seen = {params[space.TRANSPORT_PARAM] for _, (_, params) in grid}
+    seen = {cfg.transport for _, cfg in grid}
     assert seen == set(transports)
-    for tparams, (algo, params) in grid:
-        assert tparams[space.TRANSPORT_PARAM] == params[space.TRANSPORT_PARAM]
-        own, transport = space.split_transport(params)
-        assert transport in transports and space.TRANSPORT_PARAM not in own
-        # What remains is valid for the algorithm.
-        space.normalise(algo, own, 2)
+    for tparams, cfg in grid:
+        assert tparams[space.TRANSPORT_PARAM] == cfg.transport
+        # The transport is the record's own field, never one of the algorithm's params.
+        assert cfg.transport in transports and space.TRANSPORT_PARAM not in cfg.params
+        # The params are valid for the algorithm as they are.
+        space.normalise(cfg, 2)
+        get_algorithm(cfg.algorithm).check_params(cfg.params, 2)
+    # The recorded key still names the transport (studies written before Config resume).
+    assert all(json.loads(cfg.key)[1][space.TRANSPORT_PARAM] == cfg.transport
+               for _, cfg in grid)
     # Every host configuration exists once per transport.
     host = space.enumerate_space(2, 1 << 20, space.searchable())
     assert len(grid) == len(host) * len(transports)
 
 
 def test_numpy_space_has_no_transport() -> None:
-    for tparams, (_, params) in space.enumerate_space(4, 1 << 20, space.searchable()):
-        assert space.TRANSPORT_PARAM not in tparams and space.TRANSPORT_PARAM not in params
+    for tparams, cfg in space.enumerate_space(4, 1 << 20, space.searchable()):
+        assert space.TRANSPORT_PARAM not in tparams and space.TRANSPORT_PARAM not in cfg.params
+        assert cfg.transport is None
     study = optuna.create_study()
     trial = study.ask()
     space.suggest(trial, 4, 1 << 20, space.searchable())
@@ -78,20 +85,25 @@ def test_optuna_trial_gets_a_categorical_transport() -> None:
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     for _ in range(6):
         trial = study.ask()
-        algo, params = space.suggest(trial, 4, 1 << 20, space.searchable(), ["mpi", "staged"])
+        cfg = space.suggest(trial, 4, 1 << 20, space.searchable(), ["mpi", "staged"])
         dist = trial.distributions[space.TRANSPORT_PARAM]
         assert isinstance(dist, optuna.distributions.CategoricalDistribution)
         assert list(dist.choices) == ["mpi", "staged"]
-        assert params[space.TRANSPORT_PARAM] in ("mpi", "staged")
+        assert cfg.transport in ("mpi", "staged")
+        assert cfg.transport == trial.params[space.TRANSPORT_PARAM]
+        assert space.TRANSPORT_PARAM not in cfg.params
         study.tell(trial, 1.0)
 
 
 def test_normalise_keeps_the_transport_and_guesses_are_found() -> None:
     grid = space.enumerate_space(2, 1 << 20, space.searchable(), ["nccl", "staged"])
-    guess = ("rhd", {space.TRANSPORT_PARAM: "staged"})
+    guess = Config("rhd", {}, "staged")
+    assert space.normalise(guess, 2).transport == "staged"
     tparams = space.trial_params_for(guess, grid, 2)
     assert tparams is not None and tparams[space.TRANSPORT_PARAM] == "staged"
-    assert space.trial_params_for(("rhd", {space.TRANSPORT_PARAM: "mpi"}), grid, 2) is None
+    assert space.trial_params_for(Config("rhd", {}, "mpi"), grid, 2) is None
+    # Without a transport the guess is none of the GPU space's configurations either.
+    assert space.trial_params_for(Config("rhd"), grid, 2) is None
 
 
 def test_study_names_keep_host_and_gpu_apart() -> None:
@@ -193,8 +205,8 @@ def test_driver_warm_starts_native_with_the_best_transport() -> None:
     driver.prepare()
     cmd = driver.next_command(deadline=float("inf"))
     assert cmd["op"] == "run"
-    assert (cmd["algorithm"], cmd["params"]) == native_config(opts, 2) == (
-        "native", {"transport": "mpi"})
+    assert cmd["config"] == native_config(opts, 2) == Config("native", {}, "mpi")
+    assert dict(cmd["config"].params) == {}
     for _ in range(3):
         from autotune.objective import COMPLETE, TrialOutcome
 
@@ -202,7 +214,8 @@ def test_driver_warm_starts_native_with_the_best_transport() -> None:
         cmd = driver.next_command(deadline=float("inf"))
         if cmd["op"] == "done":
             break
-        assert cmd["params"][space.TRANSPORT_PARAM] in ("mpi", "staged")
+        assert cmd["config"].transport in ("mpi", "staged")
+        assert space.TRANSPORT_PARAM not in cmd["config"].params
 
 
 # --- the GPU profile ---------------------------------------------------------------------
@@ -210,15 +223,16 @@ def test_driver_warm_starts_native_with_the_best_transport() -> None:
 
 def _gpu_profile(choices: list[Choice], transports: list[str]) -> dict[str, Any]:
     sums = [BucketSummary(c.nbytes, f"p-cupy.x-float32-sum-{c.nbytes}B", "trials", 5,
-                          [(c.algorithm, c.params, c.time_us)], {})
+                          [(c.config, c.time_us)], {})
             for c in choices]
     opts = TuneOptions(out="x.yaml", buckets=[c.nbytes for c in choices], storage="sqlite://",
                        backend="cupy", transports=transports)
     return build_profile(IDENTITY, opts, sums, choices, 3.0, ["native", "multiring"])
 
 
-def _choice(nbytes: int, algo: str, params: dict[str, Any]) -> Choice:
-    return Choice(nbytes, algo, params, 10.0, 12.0, 2.0, 1.5)
+def _choice(nbytes: int, algo: str, params: dict[str, Any],
+            transport: str | None = None) -> Choice:
+    return Choice(nbytes, Config(algo, params, transport), 10.0, 12.0, 2.0, 1.5)
 
 
 def _schema() -> jsonschema.Draft202012Validator:
@@ -228,10 +242,10 @@ def _schema() -> jsonschema.Draft202012Validator:
 
 def test_gpu_profile_records_backend_and_per_rule_transports() -> None:
     ring = {"rings": 2, "chunk_bytes": 0, "order": "topology"}
-    choices = [_choice(1024, "native", {"transport": "nccl"}),
-               _choice(4096, "native", {"transport": "staged"}),
-               _choice(16384, "multiring", {**ring, "transport": "staged"}),
-               _choice(65536, "multiring", {**ring, "transport": "staged"})]
+    choices = [_choice(1024, "native", {}, "nccl"),
+               _choice(4096, "native", {}, "staged"),
+               _choice(16384, "multiring", ring, "staged"),
+               _choice(65536, "multiring", ring, "staged")]
     prof = _gpu_profile(choices, ["nccl", "staged"])
     assert prof["backend"] == "cupy"
     assert prof["transport"] == "staged"  # used by 3 of the 4 buckets
@@ -252,8 +266,8 @@ def test_gpu_profile_records_backend_and_per_rule_transports() -> None:
 
 
 def test_gpu_profile_tie_goes_to_the_preferred_transport() -> None:
-    prof = _gpu_profile([_choice(1024, "native", {"transport": "staged"}),
-                         _choice(1 << 20, "native", {"transport": "nccl"})],
+    prof = _gpu_profile([_choice(1024, "native", {}, "staged"),
+                         _choice(1 << 20, "native", {}, "nccl")],
                         ["nccl", "staged"])
     assert prof["transport"] == "nccl"
     assert [r.get("transport") for r in prof["rules"]] == ["staged", None]
@@ -268,7 +282,8 @@ def test_host_profile_form_is_unchanged() -> None:
                          [c], 1.0, ["native"])
     assert (prof["backend"], prof["transport"]) == ("numpy", "mpi")
     assert "transport" not in prof["rules"][0] and "transports" not in prof["tuning"]
-    assert native_config(opts, 4) == ("native", {})
+    assert native_config(opts, 4) == Config("native")
+    assert native_config(opts, 4).transport is None
 
 
 # --- the command line -------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The GPU tuning path end to end on the CPU, at 2 ranks: ``autotune.study.tune`` with
+"""The GPU tuning path end to end on the CPU, at 2 ranks: ``autotune.tuning.tune`` with
 ``backend="auto"`` where a fake ``available_transports`` gives each rank its own GPU
 transports, and where the checks and timings are recorded (then run on host buffers over
 ``mpi``, since there is no GPU). Checks the plumbing a GPU run depends on: the backend and
@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent('''
     from mpi4py import MPI
     import collectives.bench as bench
     import collectives.cuda as cuda
-    import autotune.choose, autotune.objective, autotune.study
+    import autotune.choose, autotune.objective, autotune.tuning
     from autotune.records import TuneOptions
 
     comm = MPI.COMM_WORLD
@@ -49,13 +49,13 @@ SCRIPT = textwrap.dedent('''
     cuda.available_transports = fake_available
     bench.check_allreduce = check
     autotune.objective.check_allreduce = check
-    for mod in (bench, autotune.objective, autotune.choose, autotune.study):
+    for mod in (bench, autotune.objective, autotune.choose, autotune.tuning):
         mod.time_allreduce = timed
     out, storage = sys.argv[1], sys.argv[2]
     opts = TuneOptions(out=out, buckets=[4096, 1 << 18], trials=6, budget_s=60,
                        storage=storage, backend="auto", progress=False, fresh=True,
                        trial_timeout_s=None)
-    result = autotune.study.tune(comm, opts)
+    result = autotune.tuning.tune(comm, opts)
     everyone = comm.gather(used, root=0)
     if rank == 0:
         with open(out + ".calls.json", "w") as fh:

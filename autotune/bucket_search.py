@@ -1,9 +1,10 @@
-"""Rank 0's Optuna driver for one size bucket: ask and tell, warm start, exhaustion,
-resume after an interruption, and recording a trial that exceeded ``--trial-timeout``.
+"""The search of one size bucket, on rank 0: the Optuna study's ask and tell, warm start,
+exhaustion, resume after an interruption, and recording a trial that exceeded
+``--trial-timeout``.
 
-Use ``Driver`` on rank 0 only (SQLite has one writer); ``autotune.study`` broadcasts what
-it decides to the other ranks. Use ``make_sampler`` for the Optuna sampler behind a
-``--sampler`` name (the search-efficiency benchmark does).
+Use ``Driver`` on rank 0 only (SQLite has one writer); ``autotune.tuning`` (the whole run,
+on every rank) broadcasts what it decides to the other ranks. Use ``make_sampler`` for the
+Optuna sampler behind a ``--sampler`` name (the search-efficiency benchmark does).
 
 Persistence (docs/design.md "Tuning" 7–8): a bucket marked ``finished`` in its study is
 not searched again; a trial left RUNNING by an interrupted run is marked FAIL
@@ -27,6 +28,7 @@ import time
 import warnings
 from typing import Any
 
+from collectives.plan import Config
 from collectives.profile import builtin_profile
 
 from . import space
@@ -76,7 +78,7 @@ class Driver:
                                          load_if_exists=True)
         self.name = name
         self.pending: Any = None
-        self.pending_cfg: tuple[str, dict[str, Any]] | None = None
+        self.pending_cfg: Config | None = None
         self.dup_streak = 0
         self.grid_keys: set[str] | None = None
         self._rng = random.Random(f"{opts.seed}:{name}")
@@ -155,7 +157,7 @@ class Driver:
                     self.study.enqueue_trial(dict(t.params), skip_if_exists=False)
         try:
             # Every sampler stops once the whole space is measured (not only ``grid``).
-            self.grid_keys = {space.config_key(*cfg) for _, cfg in self.space()}
+            self.grid_keys = {cfg.key for _, cfg in self.space()}
         except ValueError:
             if self.opts.sampler == "grid":
                 raise
@@ -210,49 +212,50 @@ class Driver:
 
     @functools.cached_property
     def _trial_params(self) -> dict[str, dict[str, Any]]:
-        return {space.config_key(*cfg): tparams for tparams, cfg in self.space()}
+        return {cfg.key: tparams for tparams, cfg in self.space()}
 
     def _warm_start(self) -> list[dict[str, Any]]:
         """``native`` first, then the cost model's best guesses and sensible defaults."""
         out: list[dict[str, Any]] = []
         # On GPU buffers every warm-start guess uses the best transport every rank has.
         best_transport = self.opts.transports[0] if self.opts.transports else None
+        if best_transport is None or self.world_size <= 1:
+            best_transport = None
         if "native" in self.algorithms:
             first: dict[str, Any] = {space.ALGORITHM_PARAM: "native"}
-            if best_transport is not None and self.world_size > 1:
+            if best_transport is not None:
                 first[space.TRANSPORT_PARAM] = best_transport
             try:
                 # native's own parameters (MPICH's ``impl``) at the library's default.
-                exact = space.trial_params_for(
-                    ("native", {k: v for k, v in first.items() if k != space.ALGORITHM_PARAM}),
-                    self.space(), self.world_size)
+                exact = space.trial_params_for(Config("native", {}, best_transport),
+                                               self.space(), self.world_size)
             except ValueError:
                 exact = None
             out.append(exact or first)
-        guesses: list[tuple[str, dict[str, Any]]] = []
+        guesses: list[Config] = []
         # Imported here: the model pulls in NumPy-heavy code the driver's other paths skip.
         from .guesses import best_guesses
 
         try:
-            guesses.extend((a, dict(p)) for a, p in
+            guesses.extend(Config(a, p) for a, p in
                            best_guesses(self.world_size, self.nbytes)[:3])
         except Exception as exc:  # noqa: BLE001 - a guess is only a head start
             warnings.warn(f"cost model guesses unavailable: {exc}", RuntimeWarning,
                           stacklevel=2)
         _, rule = builtin_profile(self.world_size).select(self.nbytes)
-        guesses.append((rule.algorithm, dict(rule.params)))
-        guesses.append(("multiring", {"rings": 2, "chunk_bytes": 0, "order": "topology"}))
-        guesses.append(("rhd", {}))
+        guesses.append(Config(rule.algorithm, rule.params))
+        guesses.append(Config("multiring", {"rings": 2, "chunk_bytes": 0, "order": "topology"}))
+        guesses.append(Config("rhd"))
         try:
             grid = self.space()
         except ValueError:
             return out
-        for algo, params in guesses:
-            if algo not in self.algorithms:
+        for guess in guesses:
+            if guess.algorithm not in self.algorithms:
                 continue
-            if best_transport is not None and self.world_size > 1:
-                params = {**params, space.TRANSPORT_PARAM: best_transport}
-            tparams = space.trial_params_for((algo, params), grid, self.world_size)
+            # On GPU buffers every guess runs on the best transport every rank has.
+            tparams = space.trial_params_for(guess.with_transport(best_transport), grid,
+                                             self.world_size)
             if tparams is not None and tparams not in out:
                 out.append(tparams)
         return out
@@ -275,11 +278,11 @@ class Driver:
                 # say so rather than call the space exhausted.
                 return {"op": "done", "reason": "stalled"}
             trial = self.study.ask()
-            algo, params = space.suggest(trial, self.world_size, self.nbytes,
-                                         self.algorithms, self.opts.transports)
-            key = space.config_key(algo, params)
+            cfg = space.suggest(trial, self.world_size, self.nbytes, self.algorithms,
+                                self.opts.transports)
+            key = cfg.key
             # One attribute per trial (each write is one SQLite transaction).
-            config = {"key": key, "algorithm": algo, "params": params}
+            config: dict[str, Any] = {"key": key, **cfg.record()}
             if key in self.ruled_out:
                 config["note"] = (f"skipped: exceeded --trial-timeout in {MAX_TIMEOUTS} "
                                   "earlier runs")
@@ -303,9 +306,8 @@ class Driver:
             trial.set_user_attr("config", config)
             self.dup_streak = 0
             self.pending = trial
-            self.pending_cfg = (algo, params)
-            return {"op": "run", "number": trial.number, "algorithm": algo,
-                    "params": params, "best": self.best}
+            self.pending_cfg = cfg
+            return {"op": "run", "number": trial.number, "config": cfg, "best": self.best}
 
     def _known_proposed(self) -> None:
         self.dup_streak += 1
@@ -315,8 +317,9 @@ class Driver:
     def record(self, outcome: Any) -> None:
         from optuna.trial import TrialState
 
-        trial, (algo, params) = self.pending, self.pending_cfg  # type: ignore[misc]
-        key = space.config_key(algo, params)
+        trial, cfg = self.pending, self.pending_cfg
+        assert cfg is not None, "record() without a pending trial"
+        key = cfg.key
         result: dict[str, Any] = {"state": outcome.state}
         if outcome.busbw_gbps is not None:
             result["busbw_gbps"] = round(outcome.busbw_gbps, 4)
@@ -346,7 +349,7 @@ class Driver:
         where = self.opts.storage or ""
         count = 1
         if trial is not None and cfg is not None:
-            key = space.config_key(*cfg)
+            key = cfg.key
             count = self.timeouts.get(key, 0) + 1
             trial.set_user_attr("result", {
                 "state": TIMEOUT, "timeout": True,
@@ -366,8 +369,8 @@ class Driver:
 
         if not self.finished:
             self.study.set_user_attr("finished", reason)
-        top: list[tuple[str, dict[str, Any], float]] = []
-        by_algo: dict[str, tuple[dict[str, Any], float]] = {}
+        top: list[tuple[Config, float]] = []
+        by_algo: dict[str, tuple[Config, float]] = {}
         seen: set[str] = set()
         trials = self.study.get_trials(deepcopy=False)
         completes = [t for t in trials if t.state == TrialState.COMPLETE
@@ -381,10 +384,12 @@ class Driver:
             if key in seen:
                 continue
             seen.add(key)
-            algo, params = config["algorithm"], dict(config["params"])
+            # Records before Config kept the transport inside params: both read alike.
+            cfg = Config.from_record(config["algorithm"], config["params"],
+                                     config.get("transport"))
             if len(top) < 3:
-                top.append((algo, params, float(t.value or 0.0)))
-            by_algo.setdefault(algo, (params, float(t.value or 0.0)))
+                top.append((cfg, float(t.value or 0.0)))
+            by_algo.setdefault(cfg.algorithm, (cfg, float(t.value or 0.0)))
         self._scan()
         first, last, seconds = trial_history(trials)
         return BucketSummary(self.nbytes, self.name, self.finished or reason, self.evaluated,

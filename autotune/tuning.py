@@ -2,8 +2,8 @@
 
 Use ``tune(comm, options)`` on every rank of the world to tune (``ringtune tune`` does).
 Rank 0 owns the Optuna storage (SQLite has one writer) and asks for each trial
-(``autotune.driver``); the trial's configuration is broadcast, every rank checks and times
-it (``autotune.objective.evaluate``), and rank 0 tells the result. Every decision that
+(``autotune.bucket_search``); the trial's configuration is broadcast, every rank checks and
+times it (``autotune.objective.evaluate``), and rank 0 tells the result. Every decision that
 changes control flow is broadcast from rank 0 (``autotune.lockstep``), so all ranks take the
 same path and an error raises the same exception on every rank.
 
@@ -13,8 +13,8 @@ can use, ``native`` is measured with the best of them, and the profile records
 ``backend: cupy`` and each rule's transport. Host buffers (``numpy``) probe nothing GPU.
 
 Each bucket's study is named from the topology fingerprint, backend, dtype, op and size
-(``autotune.naming``); resume and timeout rules are in ``autotune.driver``; the A/B choice
-and the profile in ``autotune.choose``; the records in ``autotune.records``.
+(``autotune.naming``); resume and timeout rules are in ``autotune.bucket_search``; the A/B
+choice and the profile in ``autotune.choose``; the records in ``autotune.records``.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from collectives.ops import itemsize
 from collectives.profile import builtin_profile, dump_profile, write_profile
 
 from . import replay, space, storage_errors
+from .bucket_search import SAMPLERS, Driver
 from .choose import AB_SHARE, ab_choice, build_profile, native_config
-from .driver import SAMPLERS, Driver
 from .lockstep import abort, on_root
 from .naming import default_storage, study_name, world_identity
 from .objective import TrialOutcome, evaluate, timing_for
@@ -256,11 +256,11 @@ def _tune_bucket(comm: Any, runtime: Communicator, opts: TuneOptions, storage: A
                       f"earlier ({finished}, {summary.evaluated} trials), not redone")
         return summary
     # Iterations per candidate from a short timing of native (same on every rank).
-    native, native_params = native_config(opts, n)
-    own, transport = space.split_transport(native_params)
+    native = native_config(opts, n)
     count = nbytes // itemsize(opts.dtype)
-    sample = time_allreduce(runtime, count, opts.dtype, opts.op, native, own,
-                            warmup=1, iters=3, transport=transport, backend=opts.backend)
+    sample = time_allreduce(runtime, count, opts.dtype, opts.op, native.algorithm,
+                            dict(native.params), warmup=1, iters=3,
+                            transport=native.transport, backend=opts.backend)
     timing = timing_for(sample.time_us)
     # This bucket's share of what is left of the search budget (later buckets are larger).
     weights = [1.0 + math.log(b / opts.buckets[0] + 1, 64) for b in opts.buckets[index:]]
@@ -272,14 +272,13 @@ def _tune_bucket(comm: Any, runtime: Communicator, opts: TuneOptions, storage: A
         if cmd["op"] == "done":
             reason = cmd["reason"]
             break
-        desc = (f"{cmd['number']} of bucket {size_text(nbytes)} "
-                f"({space.describe(cmd['algorithm'], cmd['params'])})")
+        desc = f"{cmd['number']} of bucket {size_text(nbytes)} ({cmd['config'].text()})"
         if rank == 0:
             assert driver is not None
             watchdog.arm(desc, functools.partial(driver.record_timeout,
                                                  timeout_s=watchdog.timeout_s or 0))
-        outcome = evaluate(runtime, nbytes, opts.dtype, opts.op, cmd["algorithm"],
-                           cmd["params"], timing, cmd["best"], backend=opts.backend)
+        outcome = evaluate(runtime, nbytes, opts.dtype, opts.op, cmd["config"], timing,
+                           cmd["best"], backend=opts.backend)
         if rank == 0:
             watchdog.disarm()
         on_root(comm, functools.partial(_record, driver, outcome))
@@ -288,8 +287,8 @@ def _tune_bucket(comm: Any, runtime: Communicator, opts: TuneOptions, storage: A
                             best_text(driver.best, nbytes, n))
     summary = on_root(comm, lambda: driver.finish(reason))  # type: ignore[union-attr]
     if summary.top:
-        a, p, t = summary.top[0]
-        best = f"{space.describe(a, p)} {busbw(nbytes, t, n):.2f} GB/s"
+        cfg, t = summary.top[0]
+        best = f"{cfg.text()} {busbw(nbytes, t, n):.2f} GB/s"
     else:
         best = "nothing passed the check"
     progress.line(f"bucket {index + 1}/{len(opts.buckets)} {size_text(nbytes)}: "

@@ -1,0 +1,210 @@
+"""The JSON Schema of profile version 1, generated from the algorithm registry.
+
+Use ``profile_schema()`` for the schema as a mapping, ``schema_text()`` for the text of the
+checked-in file ``profiles/schema/profile-v1.schema.json``, and ``python -m
+collectives.schema`` (``make schema``) to rewrite that file after changing an algorithm's
+parameters; ``--check`` says whether it is current (a unit test does the same). The
+profile's own keys are written here; each rule's ``params`` come from its algorithm's
+``params_schema`` (``collectives.algorithms.base.Algorithm``), so a new algorithm appears
+in the schema without an edit here. Test-only algorithms are left out.
+
+The loader (``collectives.profile``) is the authority: it checks everything the schema
+says and what a schema cannot express (see the schema's ``description``). Not imported by
+``import collectives``: only tools and tests need it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from .algorithms import get_algorithm
+from .algorithms.registry import user_algorithm_names
+from .profile import (
+    BACKENDS,
+    FORMAT,
+    PROFILE_DTYPES,
+    PROFILE_OPS,
+    TRANSPORT_NAMES,
+    VERSION,
+)
+
+#: Where the checked-in schema lives, from the repository root.
+SCHEMA_FILE = os.path.join("profiles", "schema", "profile-v1.schema.json")
+
+_DESCRIPTION = (
+    "Tuned allreduce rules per message size (docs/design.md 'Profile format'). Generated "
+    "from the algorithm registry by `python -m collectives.schema` (make schema): do not "
+    "edit by hand. collectives.profile.load_profile checks everything here and, in "
+    "addition, what a schema cannot express: rules sorted and contiguous (rules[i].min_bytes "
+    "= rules[i-1].max_bytes + 1), only the last rule open-ended (max_bytes null), max_bytes "
+    ">= min_bytes, algorithm names registered in this installation, ring-order permutations "
+    "of 0..world_size-1, hierarchical dims whose product is the world size, and each "
+    "algorithm's own parameter checks.")
+
+_NULLABLE_FIGURE: dict[str, Any] = {"type": ["number", "null"], "minimum": 0}
+_MEASURED_KEYS = ("bytes", "busbw_gbps", "time_us", "native_busbw_gbps", "native_time_us",
+                  "algbw_gbps", "speedup")
+
+
+def _params_schema(name: str) -> dict[str, Any]:
+    """The algorithm's ``params_schema`` plus the ``transport`` key a rule's params may
+    carry (older profiles name a rule's transport there)."""
+    fragment = json.loads(json.dumps(get_algorithm(name).params_schema()))
+    fragment.setdefault("type", "object")
+    fragment.setdefault("properties", {})["transport"] = {"$ref": "#/$defs/transport"}
+    return fragment
+
+
+def _rule(algorithms: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["min_bytes", "max_bytes", "algorithm"],
+        "additionalProperties": False,
+        "properties": {
+            "min_bytes": {"type": "integer", "minimum": 0},
+            "max_bytes": {"type": ["integer", "null"], "minimum": 0},
+            "algorithm": {"type": "string", "enum": algorithms},
+            "params": {"type": "object"},
+            "transport": {"$ref": "#/$defs/transport"},
+            "native": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["bytes", "impl", "busbw_gbps", "time_us"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "bytes": {"type": "integer", "minimum": 0},
+                        "impl": {"type": "string", "minLength": 1},
+                        "busbw_gbps": {"type": "number", "minimum": 0},
+                        "time_us": {"type": "number", "minimum": 0},
+                    },
+                },
+            },
+            "measured": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {k: dict(_NULLABLE_FIGURE) for k in _MEASURED_KEYS},
+            },
+        },
+        # One branch per algorithm: its params as its own params_schema says.
+        "allOf": [
+            {"if": {"properties": {"algorithm": {"const": name}}},
+             "then": {"properties": {"params": {"$ref": f"#/$defs/{name}_params"}}}}
+            for name in algorithms
+        ],
+    }
+
+
+def profile_schema() -> dict[str, Any]:
+    """The whole profile schema (JSON Schema draft 2020-12) for the algorithms registered
+    now, test-only ones left out."""
+    algorithms = user_algorithm_names("display_order")
+    topology = {
+        "type": "object",
+        "required": ["world_size"],
+        "additionalProperties": False,
+        "properties": {
+            "fingerprint": {"type": ["string", "null"], "pattern": "^sha256:[0-9a-f]{64}$"},
+            "world_size": {"type": "integer", "minimum": 1},
+            "hosts": {"type": "integer", "minimum": 1},
+            "ranks_per_host": {"type": "integer", "minimum": 1},
+            "summary": {"type": "string"},
+        },
+    }
+    defs: dict[str, Any] = {"transport": {"enum": list(TRANSPORT_NAMES)},
+                            "rule": _rule(algorithms)}
+    for name in algorithms:
+        defs[f"{name}_params"] = _params_schema(name)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://github.com/ringtune/ringtune/profiles/schema/profile-v1.schema.json",
+        "title": f"ringtune profile, version {VERSION}",
+        "description": _DESCRIPTION,
+        "type": "object",
+        "required": ["format", "version", "topology", "backend", "transport", "rules"],
+        "additionalProperties": False,
+        "properties": {
+            "format": {"const": FORMAT},
+            "version": {"const": VERSION, "type": "integer"},
+            "created": {"type": "string"},
+            "tool": {"type": "object", "required": ["name"], "additionalProperties": False,
+                     "properties": {"name": {"type": "string"},
+                                    "version": {"type": "string"}}},
+            "topology": topology,
+            "backend": {"enum": list(BACKENDS)},
+            "transport": {"$ref": "#/$defs/transport"},
+            "dtype": {"enum": list(PROFILE_DTYPES)},
+            "op": {"enum": list(PROFILE_OPS)},
+            "rules": {"type": "array", "minItems": 1,
+                      "prefixItems": [{"$ref": "#/$defs/rule",
+                                       "properties": {"min_bytes": {"const": 0}}}],
+                      "items": {"$ref": "#/$defs/rule"}},
+            "fusion": {
+                "description": "allreduce_many's fused bucket size, searched by ringtune "
+                               "tune --workload",
+                "type": "object", "required": ["bucket_bytes"], "additionalProperties": False,
+                "properties": {"bucket_bytes": {"type": "integer", "minimum": 1},
+                               "measured": {"type": "object"}},
+            },
+            "tuning": {"type": "object"},
+            "shapes": {"type": "array", "items": {
+                "type": "object", "required": ["topology", "rules"],
+                "additionalProperties": False,
+                "properties": {"topology": {"$ref": "#/properties/topology"},
+                               "rules": {"$ref": "#/properties/rules"},
+                               "source": {"enum": ["tuned", "predicted"]},
+                               "from_world_size": {"type": "integer", "minimum": 1}},
+            }},
+            "library": {"type": "object", "required": ["name", "version"],
+                        "additionalProperties": False,
+                        "properties": {"name": {"type": "string"},
+                                       "version": {"type": "string"},
+                                       "nccl": {"type": "string"}}},
+            "extra": {"type": ["object", "null"]},
+        },
+        "$defs": defs,
+    }
+
+
+def schema_text() -> str:
+    """The checked-in file's text: ``profile_schema()`` as indented JSON."""
+    return json.dumps(profile_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m collectives.schema [--check] [PATH]``: write the schema to PATH (default
+    the repository's ``profiles/schema/profile-v1.schema.json``), or with ``--check`` exit 1
+    when PATH differs from what the registry generates."""
+    parser = argparse.ArgumentParser(prog="python -m collectives.schema",
+                                     description="Generate the profile JSON Schema.")
+    parser.add_argument("path", nargs="?", default=SCHEMA_FILE,
+                        help=f"the schema file (default {SCHEMA_FILE})")
+    parser.add_argument("--check", action="store_true",
+                        help="only check that the file is current")
+    args = parser.parse_args(argv)
+    text = schema_text()
+    if args.check:
+        try:
+            with open(args.path, encoding="utf-8") as fh:
+                current = fh.read() == text
+        except OSError as exc:
+            print(f"{args.path}: cannot read ({exc.strerror}); run make schema", file=sys.stderr)
+            return 1
+        if not current:
+            print(f"{args.path}: out of date with the algorithm registry; run make schema",
+                  file=sys.stderr)
+            return 1
+        return 0
+    from .atomic import write_text_atomic
+
+    write_text_atomic(args.path, text)
+    print(f"wrote {args.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
