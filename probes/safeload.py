@@ -468,6 +468,7 @@ class _Builder:
 #: indentation, a non-text key, a duplicate key, a value the plain rules refuse) makes it
 #: give up, and the whole file goes through the general reader, which gives the message.
 _FAST_HEAD = re.compile(r"^rules:\n", re.M)
+_FAST_END = re.compile(r"^[^- ]", re.M)
 _FAST_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FAST_SCALAR = re.compile(r"[A-Za-z0-9_.+][A-Za-z0-9_.+\-]*\Z|-[A-Za-z0-9_.+][A-Za-z0-9_.+\-]*\Z")
 _DECIMAL = re.compile(r"-?[0-9]+\.[0-9]+\Z")
@@ -490,18 +491,10 @@ def _fast_rules(text: str, source: str, max_nodes: int) -> Any:
     start = head.end()
     # The table ends at the first line that starts in column 0 with neither "- " nor a
     # space (the next top-level key, a comment, the document end) or at the end of text.
-    end = start
-    n = len(text)
-    while end < n:
-        c = text[end]
-        if c != "-" and c != " ":
-            break
-        nl = text.find("\n", end)
-        if nl < 0:
-            return None  # no final newline: leave the odd case to the general reader
-        end = nl + 1
-    if end == start:
-        return None
+    found = _FAST_END.search(text, start)
+    end = found.start() if found is not None else len(text)
+    if end == start or text[end - 1] != "\n":
+        return None  # no table, or no final newline: the odd case is the general reader's
     block = text[start:end]
     builder = _Builder(source, max_nodes, MAX_DEPTH)
     try:
@@ -531,20 +524,16 @@ def _read_table(lines: list[str], builder: _Builder) -> tuple[list[Any], int]:
     they hold; ``_GiveUp`` on anything outside the shape of ``_fast_rules``."""
     rules: list[Any] = []
     cache = builder.cache
+    cache_get = cache.get
     nokey = _NOKEY
     keys: set[str] = set()  # keys already checked (text, plain, not a bool or null)
 
-    def key_of(key: str) -> str:
-        if key not in keys:
-            if not _FAST_KEY.match(key) or type(builder.plain(None, key)) is not str:
-                raise _GiveUp
-            keys.add(key)
-        return key
+    def key_of(key: str) -> None:
+        if not _FAST_KEY.match(key) or type(builder.plain(None, key)) is not str:
+            raise _GiveUp
+        keys.add(key)
 
-    def scalar(text: str) -> Any:
-        value = cache.get(text, nokey)
-        if value is not nokey:
-            return value
+    def scalar(text: str) -> Any:  # one not in the cache
         # Decimal integers and numbers as ringtune writes them, read as the YAML 1.1 rules
         # read them (a digit string without a leading zero is an int; digits, a dot and
         # digits a float); the rest through those rules.
@@ -579,7 +568,8 @@ def _read_table(lines: list[str], builder: _Builder) -> tuple[list[Any], int]:
         key, sep, val = body.partition(":")
         if not sep or key in target:
             raise _GiveUp
-        key_of(key)
+        if key not in keys:
+            key_of(key)
         nodes += 2
         if not val:
             # "key:" alone: a nested block mapping on the next, deeper lines (one level),
@@ -613,15 +603,18 @@ def _read_table(lines: list[str], builder: _Builder) -> tuple[list[Any], int]:
                     fk, fsep, fv = item.partition(": ")
                     if not fsep or fk in flow:
                         raise _GiveUp
-                    key_of(fk)
-                    flow[fk] = scalar(fv)
+                    if fk not in keys:
+                        key_of(fk)
+                    value = cache_get(fv, nokey)
+                    flow[fk] = scalar(fv) if value is nokey else value
                 nodes += 1 + 2 * len(items)
             else:
                 flow = [scalar(item) for item in items]
                 nodes += 1 + len(items)
             target[key] = flow
         else:
-            target[key] = scalar(val)
+            value = cache_get(val, nokey)
+            target[key] = scalar(val) if value is nokey else value
     return rules, nodes
 
 
