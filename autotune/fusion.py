@@ -10,12 +10,19 @@ where the rules were.
 
 Candidates are interleaved round by round (drift of a shared machine hits all alike); a
 round's time is the slowest rank's; the median over rounds decides.
+
+``tuned_fusion`` is what a tuning run calls: the search's result is recorded in the storage
+(user attribute ``fusion_choice`` of the first bucket's study) with what it was searched
+from, and a rerun of a finished tune with the same arguments reuses it, so it writes the
+same profile, byte for byte, as the plain rerun does (``autotune.replay``); another
+workload, dtype, budget or other tuned rules search again.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -69,3 +76,63 @@ def search_bucket_bytes(comm: Any, profile: Any, tensor_bytes: list[int], dtype:
     return {"bucket_bytes": int(best),
             "measured": {"tensors": len(bufs), "gradient_bytes": total, "dtype": dtype,
                          "time_us": {str(s): round(med[s] * 1e6, 1) for s in sizes}}}
+
+
+#: The study user attribute that holds the recorded bucket-size search.
+FUSION_ATTR = "fusion_choice"
+
+
+def fusion_inputs(profile: dict[str, Any], tensor_bytes: Sequence[int], dtype: str,
+                  budget_s: float) -> dict[str, Any]:
+    """Everything the bucket-size search depends on except the timings (JSON-plain): the
+    tuned rules it runs under, the tensors, the dtype and its time budget."""
+    return {"rules": profile["rules"], "tensor_bytes": [int(b) for b in tensor_bytes],
+            "dtype": dtype, "budget_s": float(budget_s)}
+
+
+def reuse(record: Any, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """The recorded ``fusion`` record when it was searched from exactly ``inputs``."""
+    if not isinstance(record, dict) or record.get("inputs") != inputs:
+        return None
+    fusion = record.get("fusion")
+    if not isinstance(fusion, dict) or not isinstance(fusion.get("bucket_bytes"), int):
+        return None  # a record this version cannot read: search again
+    return fusion
+
+
+def tuned_fusion(comm: Any, storage: Any, study: str, profile: dict[str, Any],
+                 tensor_bytes: Sequence[int], dtype: str, budget_s: float,
+                 say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """The profile's ``fusion`` record (collective over ``comm``): the one recorded in
+    ``study`` when it was searched from the same inputs, else searched now under
+    ``profile``'s rules (rank 0's profile is used on every rank) and recorded. ``say``:
+    the progress line."""
+    from collectives.profile import profile_from_dict
+
+    from .lockstep import on_root
+
+    # Rank 0's profile: each rank stamped its own ``created`` time.
+    tuned = comm.bcast(profile if comm.Get_rank() == 0 else None, root=0)
+    inputs = fusion_inputs(tuned, tensor_bytes, dtype, budget_s)
+
+    def load() -> Any:
+        study_id = storage.get_study_id_from_name(study)
+        return storage.get_study_user_attrs(study_id).get(FUSION_ATTR)
+
+    found = reuse(on_root(comm, load), inputs)
+    if found is not None:
+        say("allreduce_many's bucket size is recorded in the storage: reused")
+        return found
+    say("searching allreduce_many's bucket size on the workload's tensors")
+    fusion = search_bucket_bytes(comm, profile_from_dict(tuned, "<tuned profile>",
+                                                         world_size=comm.Get_size()),
+                                 list(tensor_bytes), dtype, budget_s=budget_s)
+    # Every rank writes rank 0's result (the medians are of the slowest rank anyway).
+    fusion = comm.bcast(fusion, root=0)
+
+    def save() -> None:
+        storage.set_study_user_attr(storage.get_study_id_from_name(study), FUSION_ATTR,
+                                    {"inputs": inputs, "fusion": fusion})
+
+    on_root(comm, save)
+    return fusion

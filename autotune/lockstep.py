@@ -14,7 +14,7 @@ from typing import Any
 from collectives.abort import abort_world
 
 from .records import TuneError
-from .storage_errors import failure_text
+from .storage_errors import failure_text, storage_failure
 
 
 def on_root(comm: Any, fn: Callable[[], Any]) -> Any:
@@ -29,8 +29,11 @@ def on_root(comm: Any, fn: Callable[[], Any]) -> Any:
         except (ValueError, TypeError, OSError) as exc:
             payload = ("err", str(exc), True)
         except Exception as exc:  # noqa: BLE001 - every rank must learn about it
-            # A full disk under the storage must say so, not "StorageInternalError".
-            payload = ("err", failure_text(exc), False)
+            # A full disk under the storage must say so, not "StorageInternalError"; it is
+            # the user's to fix (free space, another --storage) like an unwritable --out,
+            # so it is exit 2, and every rank raises it: no MPI_Abort.
+            storage = storage_failure(exc)
+            payload = ("err", storage or failure_text(exc), storage is not None)
     payload = comm.bcast(payload, root=0)
     if payload[0] == "err":
         raise TuneError(payload[1], usage=payload[2])

@@ -111,16 +111,12 @@ def _tune(comm: Any, opts: TuneOptions, out: TextIO, write: bool) -> TuneResult:
     seconds = sum(s.trial_seconds for s in summaries) + sum(c.seconds for c in choices)
     profile = build_profile(identity, opts, summaries, choices, seconds, algorithms)
     if opts.tensor_bytes:
-        from collectives.profile import profile_from_dict
+        from .fusion import tuned_fusion
 
-        from .fusion import search_bucket_bytes
-
-        progress.line("searching allreduce_many's bucket size on the workload's tensors")
-        # Rank 0's record: each rank stamped its own ``created`` time.
-        tuned = comm.bcast(profile if rank == 0 else None, root=0)
-        profile["fusion"] = search_bucket_bytes(
-            comm, profile_from_dict(tuned, "<tuned profile>", world_size=n),
-            opts.tensor_bytes, opts.dtype, budget_s=max(5.0, 0.1 * opts.budget_s))
+        # Recorded in the storage like the A/B choices: a rerun reuses it (same bytes).
+        profile["fusion"] = tuned_fusion(comm, storage, summaries[0].study, profile,
+                                         opts.tensor_bytes, opts.dtype,
+                                         max(5.0, 0.1 * opts.budget_s), say=progress.line)
 
     def write_out() -> tuple[str, bool]:
         return _write_if_changed(profile, opts.out)

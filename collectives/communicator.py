@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .abort import abort_world, on_error_mode, rank_line
+from .abort import abort_world, name_abrupt_exits, on_error_mode, rank_line
 from .algorithms import Context, get_algorithm
 from .backend import Backend, check_buffer_dtype
 from .errors import AgreementError, ProfileError, TopologyMismatchError, require_agreement
@@ -94,6 +94,7 @@ class Communicator:
 
             warn_other_library(self.profile)
         self.hosts = self._agree_at_construction()
+        name_abrupt_exits(comm)  # os._exit on this rank says which rank (abort.py)
         if self.topology is None:
             self.topology = self._detect_topology()
         self._check_fingerprint()

@@ -5,6 +5,7 @@ exhausted only when no untried configuration is left, whatever the sampler propo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -245,3 +246,66 @@ def test_a_choice_measured_now_dates_the_profile_now(tmp_path: Any,
                for b, s in zip((1024, 4096), stamps)]
     created = build_profile(IDENTITY, opts, sums, choices, 1.0, ALGOS)["created"]
     assert created > "2026-12-01T09:00:07Z"
+
+
+def test_a_workload_rerun_reuses_the_recorded_bucket_size(tmp_path: Any,
+                                                          monkeypatch: Any) -> None:
+    """``ringtune tune --workload``: the bucket-size search is recorded with what it was
+    searched from; the rerun of a finished tune reuses it (same profile bytes, although a
+    new search on a noisy machine would time, and here choose, differently), and another
+    workload, dtype, budget or tuned rule table searches again."""
+    from mpi4py import MPI
+
+    from autotune import fusion
+
+    searched: list[list[int]] = []
+
+    def noisy_search(comm: Any, profile: Any, tensor_bytes: list[int], dtype: str,
+                     budget_s: float = 30.0, rounds: int = 7) -> dict[str, Any]:
+        assert profile.rules  # it runs under the tuned rules
+        searched.append(list(tensor_bytes))
+        return {"bucket_bytes": 4096 << (2 * len(searched)),
+                "measured": {"tensors": len(tensor_bytes), "gradient_bytes": sum(tensor_bytes),
+                             "dtype": dtype, "time_us": {"4096": 100.0 + len(searched)}}}
+
+    monkeypatch.setattr(fusion, "search_bucket_bytes", noisy_search)
+    opts = _opts(tmp_path, buckets=[1024, 4096])
+    sums = [_summary(1024, [("rhd", {}, 9.0)]), _summary(4096, [("multiring", RING, 20.0)])]
+    choices = [Choice(1024, "rhd", {}, 9.0, 11.0, 0.1, 0.09, [], "2026-12-01T09:00:07Z", 0.5),
+               Choice(4096, "multiring", RING, 20.0, 30.0, 0.2, 0.1, [],
+                      "2026-12-01T09:00:08Z", 0.5)]
+    storage = _storage(tmp_path)
+    for s in sums:
+        storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], s.study)
+    said: list[str] = []
+
+    one = dict(IDENTITY, world_size=1, ranks_per_host=1)  # the world of COMM_SELF
+
+    def run(tensors: list[int], dtype: str = "float32", budget: float = 5.0,
+            rules: list[Choice] = choices) -> str:
+        prof = build_profile(one, opts, sums, rules, 9.0, ALGOS)
+        prof["fusion"] = fusion.tuned_fusion(MPI.COMM_SELF, storage, sums[0].study, prof,
+                                             tensors, dtype, budget, say=said.append)
+        return dump_profile(prof)
+
+    first = run([4096, 8192])
+    assert len(searched) == 1 and "searching" in said[-1]
+    # A second storage object (a new process) on the same file: the record is read back.
+    storage = _storage(tmp_path)
+    assert run([4096, 8192]) == first
+    assert len(searched) == 1 and "reused" in said[-1]
+    # What the search depends on changed: searched again (and recorded anew).
+    for kw in ({"tensors": [4096]}, {"tensors": [4096, 8192], "dtype": "float64"},
+               {"tensors": [4096, 8192], "budget": 9.0},
+               {"tensors": [4096, 8192], "rules": [choices[0], dataclasses.replace(
+                   choices[1], algorithm="rhd", params={})]}):
+        before = len(searched)
+        run(**kw)  # type: ignore[arg-type]
+        assert len(searched) == before + 1, kw
+    again = run([4096, 8192])
+    assert len(searched) == 6 and again != first  # the newest search is the record now
+    assert run([4096, 8192]) == again and len(searched) == 6
+    # A record this version cannot read is searched again, not trusted.
+    inputs = fusion.fusion_inputs({"rules": []}, [1], "float32", 5.0)
+    assert fusion.reuse({"inputs": inputs, "fusion": {"bucket_bytes": "x"}}, inputs) is None
+    assert fusion.reuse(None, inputs) is None

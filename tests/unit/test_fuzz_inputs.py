@@ -37,6 +37,7 @@ import pytest
 import yaml
 
 import probes
+import probes.safeload as psl
 from autotune.cluster import cluster_from_dict, load_cluster, load_workload, workload_from_dict
 from collectives.errors import ProfileError
 from collectives.profile import dump_profile, load_profile, profile_from_dict
@@ -435,3 +436,97 @@ def test_large_file_refused_before_reading(tmp_path: Path) -> None:
         load_profile(path)
     assert time.process_time() - t0 < MAX_SECONDS
     _one_line_exit_2(_cli("validate", str(path)), str(path))
+
+
+# -- the fast reader of the rules table ----------------------------------------------------
+
+#: Tables the fast reader must read exactly as the event reader does, or leave to it: the
+#: shape dump_profile writes, then every way a hand edit can leave that shape.
+_TABLE = """format: ringtune-profile
+rules:
+- min_bytes: 0
+  max_bytes: 1023
+  algorithm: native
+  params: {}
+  measured: {bytes: 512, busbw_gbps: 2.5, time_us: 1.5e-05, native_busbw_gbps: 2.5,
+    speedup: 1.0}
+- min_bytes: 1024
+  max_bytes: null
+  algorithm: hierarchical
+  params:
+    dims: [2]
+    inner: [rhd]
+    rings: 2
+tuning: {trials: 3}
+"""
+_EDITS = [
+    ("algorithm: native", "algorithm: 'native'"), ("algorithm: native", "algorithm: yes"),
+    ("algorithm: native", "algorithm: ~"), ("algorithm: native", "algorithm: native # c"),
+    ("algorithm: native", "algorithm:  native"), ("algorithm: native", "algorithm:native"),
+    ("algorithm: native", "algorithm: !!str native"), ("algorithm: native", "algorithm: &a x"),
+    ("params: {}", "params: *a"), ("max_bytes: 1023", "max_bytes: 0x3ff"),
+    ("max_bytes: 1023", "max_bytes: 01777"), ("max_bytes: 1023", "max_bytes: 1_023"),
+    ("max_bytes: 1023", "max_bytes: 1023.0"), ("max_bytes: 1023", "max_bytes: -5"),
+    ("max_bytes: 1023", "max_bytes: 1e3"), ("max_bytes: 1023", "max_bytes: .inf"),
+    ("max_bytes: 1023", "max_bytes: 99999999999999999999999"),
+    ("max_bytes: 1023", "max_bytes: 2001-01-01"), ("max_bytes: 1023", "min_bytes: 1"),
+    ("max_bytes: 1023", "null: 1"), ("max_bytes: 1023", "on: 1"),
+    ("max_bytes: 1023", "max_bytes: 1023\n"), ("max_bytes: 1023", "max_bytes: 1023\n#x"),
+    ("max_bytes: 1023", "max_bytes: 1023 "), ("max_bytes: 1023", "max_bytes:\t1023"),
+    ("max_bytes: 1023", "max_bytes: 10\n    23"), ("dims: [2]", "dims: [2, [3]]"),
+    ("dims: [2]", "dims: [2,3]"), ("dims: [2]", "dims: [ 2 ]"), ("dims: [2]", "dims: []"),
+    ("dims: [2]", "dims:\n    - 2"), ("dims: [2]", "dims:\n      - 2"),
+    ("rings: 2", "rings:"), ("rings: 2", "rings: 2\n    rings: 3"),
+    ("    rings: 2", "   rings: 2"), ("    rings: 2", "      rings: 2"),
+    ("speedup: 1.0}", "speedup: 1.0"), ("speedup: 1.0}", "speedup: 1.0}}"),
+    ("    speedup", "  speedup"), ("    speedup", "speedup"),
+    ("{bytes: 512", "{bytes: 512, bytes: 1"),
+    ("- min_bytes: 1024", "-  min_bytes: 1024"), ("- min_bytes: 1024", "- {min_bytes: 1024}"),
+    ("- min_bytes: 1024", "-\n  min_bytes: 1024"), ("tuning: {trials: 3}", "rules: []"),
+    ("format: ringtune-profile", "created: 'a\nrules:\n- b'"),
+    ("format: ringtune-profile", f"format: {psl._FAST_MARK}"),
+    ("tuning: {trials: 3}\n", "tuning: {trials: 3}"), ("\n", "\r\n"),
+    ("tuning: {trials: 3}", "---\nx: 1"), ("params: {}", "params: {a: &b 1}"),
+]
+
+
+def _same_reading(text: str) -> bool:
+    """The fast reader and the event reader agree on ``text`` (same data, or the same
+    refusal); returns whether the fast reader read the table itself."""
+    try:
+        ref: Any = parse_text(text, "t.yaml", fast=False)
+    except psl.InputError as exc:
+        ref = ("refused", str(exc))
+    try:
+        got: Any = parse_text(text, "t.yaml")
+    except psl.InputError as exc:
+        got = ("refused", str(exc))
+    assert got == ref and repr(got) == repr(ref), text  # repr: 1 vs 1.0 vs True
+    return psl._fast_rules(text, "t.yaml", psl.MAX_NODES) is not None
+
+
+def test_fast_table_reader_reads_what_the_event_reader_reads(kinds: list[Kind]) -> None:
+    assert _same_reading(_TABLE)
+    fast = sum(_same_reading(_TABLE.replace(a, b, 1)) for a, b in _EDITS)
+    assert 0 < fast < len(_EDITS)  # it reads some edits itself and leaves others
+    # Every mutation of the profile (the suite above) and a table as ringtune writes it.
+    prof = next(k for k in kinds if k.name == "profile")
+    used = sum(_same_reading(text) for _, text, _ in _variants(prof) if text is not None)
+    assert used > 100
+    big = copy.deepcopy(prof.data)
+    big["rules"] = [dict(big["rules"][0], min_bytes=i * 64, max_bytes=i * 64 + 63)
+                    for i in range(300)]
+    big["rules"][-1]["max_bytes"] = None
+    assert _same_reading(dump_profile(big))
+
+
+def test_the_c_parser_is_used_where_libyaml_is_installed() -> None:
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML without libyaml here")
+    from yaml._yaml import CParser
+
+    parser = psl._parser("a: 1")
+    try:
+        assert isinstance(parser, CParser)
+    finally:
+        parser.dispose()

@@ -94,12 +94,51 @@ def test_on_error_raise_hands_the_failure_to_the_caller(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode, code", [("exit", 3), ("kill", None)])
 def test_a_rank_that_dies_ends_the_job(tmp_path: Path, mode: str, code: int | None) -> None:
     """``os._exit`` or SIGKILL on rank 1 while rank 0 waits inside allreduce: Hydra ends
-    the job (with the rank's exit status; it prints no line naming the rank for a plain
-    exit, and nothing in the dead rank can)."""
+    the job (with the rank's exit status). Hydra's own report names a rank it killed
+    afterwards, so for ``os._exit`` ringtune writes the line naming rank 1 first
+    (``collectives.abort.name_abrupt_exits``); a SIGKILL leaves nothing to run in it."""
     res = _job(tmp_path, mode, "multiring")
     assert res.returncode != 0 and "finished" not in res.stdout
     if code is not None:
         assert res.returncode == code
+        assert "ringtune: rank 1: os._exit(3) ends this rank" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("mpi4py", [False, True])
+def test_os_exit_on_one_of_three_ranks_is_named(tmp_path: Path, mpi4py: bool) -> None:
+    """The issue's case: ``mpiexec -n 3 python -m mpi4py job.py`` (and plain ``python``),
+    rank 1 calls ``os._exit(3)`` between allreduces: the job ends (Hydra kills the other
+    ranks within the test's timeout) and exactly one line names rank 1."""
+    res = _job(tmp_path, "exit", "multiring", mpi4py=mpi4py, np=3)
+    assert res.returncode != 0 and "finished" not in res.stdout
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("ringtune: rank")]
+    assert lines == ["ringtune: rank 1: os._exit(3) ends this rank without MPI_Finalize "
+                     "(nothing else runs, not even atexit); the launcher ends the other "
+                     "ranks"], res.stderr
+
+
+def test_os_exit_elsewhere_stays_silent(tmp_path: Path) -> None:
+    """Only the rank's own process is named: ``os._exit`` in a forked child (a data-loader
+    worker's normal end) and in a one-rank world print nothing."""
+    script = tmp_path / "fork.py"
+    script.write_text(
+        "import os\n"
+        "from mpi4py import MPI\n"
+        "from collectives import Communicator\n"
+        "comm = Communicator(MPI.COMM_WORLD)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "print('rank', comm.rank, 'finished', flush=True)\n")
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "RINGTUNE_"))}
+    clean.update(PYTHONPATH=str(ROOT))
+    for np in ("1", "2"):
+        res = subprocess.run([MPIEXEC, "-n", np, sys.executable, str(script)], env=clean,
+                             capture_output=True, text=True, timeout=90)
+        assert res.returncode == 0, res.stderr
+        assert "os._exit" not in res.stderr and res.stdout.count("finished") == int(np)
 
 
 def test_an_uncaught_exception_outside_ringtune_ends_the_job_under_m_mpi4py(
