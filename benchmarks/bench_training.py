@@ -153,52 +153,113 @@ def bench_overlap(args: argparse.Namespace, ring: Communicator) -> None:
 
 
 class _Bucket:
-    def __init__(self, buf: torch.Tensor) -> None:
+    """Stands in for DDP's ``GradBucket`` (what ``ddp_hook`` reads of it)."""
+
+    def __init__(self, buf: torch.Tensor, index: int = 0, last: bool = True) -> None:
         self.buf = buf
+        self.i = index
+        self.last = last
 
     def index(self) -> int:
-        return 0
+        return self.i
 
     def buffer(self) -> torch.Tensor:
         return self.buf
 
     def is_last(self) -> bool:
-        return True
+        return self.last
 
     def parameters(self) -> list[torch.Tensor]:
         return [self.buf]
 
 
+def _wakeup_floor(calls: int) -> float:
+    """Seconds of one bare thread round trip (lock released by the other thread and back):
+    the operating system's part of every hand-off, with no ringtune code in it."""
+    import queue
+    import threading
+
+    jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def loop() -> None:
+        while (lock := jobs.get()) is not None:
+            lock.release()
+
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    lock = threading.Lock()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        lock.acquire()
+        jobs.put(lock)
+        lock.acquire()
+        lock.release()
+    dt = (time.perf_counter() - t0) / calls
+    jobs.put(None)
+    th.join()
+    return dt
+
+
 def bench_overhead(args: argparse.Namespace, ring: Communicator) -> None:
+    """Per 1 KiB bucket, medians over rounds and ranks: ``allreduce`` of the tensor on the
+    calling thread; one bucket through ``ddp_hook`` waited for at once (two thread hand-offs
+    on its critical path); a burst of ``--burst`` buckets queued, then waited for, as DDP
+    does within one backward (per bucket); the training thread's own time in ``ddp_hook``
+    (what backward pays); and the bare thread round trip of the operating system."""
     from collectives.torch import HookState, ddp_hook
 
     if RANK == 0:
         print(f"# hook overhead per 1 KiB bucket: {SIZE} ranks, {args.calls} calls x "
-              f"{args.rounds} rounds", flush=True)
-    buf = torch.zeros(256)
+              f"{args.rounds} rounds, bursts of {args.burst}", flush=True)
     state = HookState(ring)
-    bucket = _Bucket(buf)
+    bufs = [torch.zeros(256) for _ in range(args.burst)]
+    buckets = [_Bucket(b, i, i == args.burst - 1) for i, b in enumerate(bufs)]
+    bucket = buckets[0]
     for _ in range(50):
         ddp_hook(state, bucket).wait()
-        ring.allreduce(buf, op="avg")
-    direct, hook = [], []
+        ring.allreduce(bufs[0], op="avg")
+    for b in buckets:
+        ddp_hook(state, b).wait()
+    res: dict[str, list[float]] = {k: [] for k in ("direct", "one", "burst", "dispatch",
+                                                   "floor")}
+    bursts = max(1, args.calls // args.burst)
     for _ in range(args.rounds):
         WORLD.Barrier()
         t0 = time.perf_counter()
         for _ in range(args.calls):
-            ring.allreduce(buf, op="avg")
-        direct.append((time.perf_counter() - t0) / args.calls)
+            ring.allreduce(bufs[0], op="avg")
+        res["direct"].append((time.perf_counter() - t0) / args.calls)
         WORLD.Barrier()
         t0 = time.perf_counter()
         for _ in range(args.calls):
             ddp_hook(state, bucket).wait()
-        hook.append((time.perf_counter() - t0) / args.calls)
-    d = statistics.median(WORLD.allgather(statistics.median(direct)))
-    h = statistics.median(WORLD.allgather(statistics.median(hook)))
+        res["one"].append((time.perf_counter() - t0) / args.calls)
+        WORLD.Barrier()
+        t0 = time.perf_counter()
+        spent = 0.0
+        for _ in range(bursts):
+            futs = []
+            for b in buckets:
+                t1 = time.perf_counter()
+                futs.append(ddp_hook(state, b))
+                spent += time.perf_counter() - t1
+            for f in futs:
+                f.wait()
+        n = bursts * args.burst
+        res["burst"].append((time.perf_counter() - t0) / n)
+        res["dispatch"].append(spent / n)
+        res["floor"].append(_wakeup_floor(args.calls))
+    med = {k: statistics.median(WORLD.allgather(statistics.median(v))) * 1e6
+           for k, v in res.items()}
+    state.close()
     if RANK == 0:
-        print("| allreduce on the calling thread (µs) | through ddp_hook (µs) | overhead (µs) |")
-        print("|---|---|---|")
-        print(f"| {d * 1e6:.1f} | {h * 1e6:.1f} | {(h - d) * 1e6:.1f} |")
+        print("| allreduce on the calling thread (µs) | ddp_hook, one bucket waited (µs) | "
+              "overhead (µs) | ddp_hook in a burst, per bucket (µs) | overhead (µs) | "
+              "training thread's time in ddp_hook (µs) | bare thread round trip (µs) |")
+        print("|---|---|---|---|---|---|---|")
+        print(f"| {med['direct']:.1f} | {med['one']:.1f} | {med['one'] - med['direct']:.1f} | "
+              f"{med['burst']:.1f} | {med['burst'] - med['direct']:.1f} | "
+              f"{med['dispatch']:.1f} | {med['floor']:.1f} |")
 
 
 def main() -> None:
@@ -210,6 +271,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--burst", type=int, default=16, help="overhead: buckets per burst")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--profile", default=None)

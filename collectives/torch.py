@@ -44,6 +44,7 @@ except ImportError as _exc:  # the torch API without torch: one line with the fi
                       "with `pip install 'ringtune[torch]'` (or `make .venv-torch/.installed`)"
                       ) from None
 
+from .communicator import _plan_key
 from .errors import AgreementError, require_agreement
 from .exchange import exchanger_for
 
@@ -76,6 +77,8 @@ class HookState:
         self.exchanger = exchanger_for(comm)  # checks the MPI thread level
         self.step = 0
         self._checked: set[tuple[Any, ...]] = set()
+        # per bucket index: (tensor, flat view, prepared plan, plan key); see _reduce_bucket
+        self._fast: dict[int, tuple[Any, Any, Any, Any]] = {}
         # staleness 1: per parameter, the averaged gradient of the previous step.
         self._stale: dict[int, Any] = {}
         self._pending: list[_CFuture[Any]] = []
@@ -118,15 +121,59 @@ class HookState:
         self.comm.allreduce(buf, op="avg")
         return buf
 
+    def _reduce_bucket(self, index: int, last: bool, buf: Any, ready: Any) -> Any:
+        """On the communication thread: average a DDP bucket in place, the fast way once
+        its layout is known. DDP hands the same bucket tensors every step, so the checked
+        layout, the NumPy (or CUDA) view and the prepared plan are kept per bucket index
+        and reused while the tensor's memory, size and dtype are the same (the kept tensor
+        holds that memory, so an equal address is the same memory); a rebuilt bucket takes
+        the full path again. ``RINGTUNE_CHECK`` and debug logging always take the full
+        ``Communicator.allreduce`` (their per-call work is the point of them)."""
+        if ready is not None:
+            ready.synchronize()  # the gradient kernels that wrote the bucket have run
+        hit = self._fast.get(index)
+        comm = self.comm
+        if hit is not None and hit[0].data_ptr() == buf.data_ptr() \
+                and hit[0].numel() == buf.numel() and hit[0].dtype == buf.dtype \
+                and comm._plans.get(hit[3]) is hit[2]:
+            comm.run_prepared(hit[2], hit[1])
+            return buf
+        sig = (index, int(buf.numel()), str(buf.dtype), buf.device.type, last)
+        self._reduce(sig, buf, None)
+        if not (comm.check_args or comm._log_calls):
+            from .registry import backend_for
+
+            arr = as_buffer(buf)
+            backend = backend_for(arr)
+            flat = backend.as_flat(arr)
+            key = _plan_key(flat, "avg", backend, None, None, {})
+            prepared = comm._plans.get(key)  # made by the allreduce just run
+            if len(self._fast) > 256:  # a model whose buckets keep changing: do not grow
+                self._fast.clear()
+            if prepared is not None:
+                self._fast[index] = (buf, flat, prepared, key)
+        return buf
+
     def submit(self, bucket: Any) -> _CFuture[Any]:
         """Queue the averaging of ``bucket``'s buffer (in place) on the communication
         thread."""
         buf = bucket.buffer()
         ready = None
-        if buf.device.type == "cuda":
+        if buf.is_cuda:
             ready = torch.cuda.Event()
             ready.record()
         return self.exchanger.submit(self._reduce, self._signature(bucket), buf, ready)
+
+    def submit_bucket(self, bucket: Any) -> Any:
+        """The hook's path: queue ``bucket`` and return a ``torch.futures.Future`` that the
+        communication thread completes (one queue put here; everything else there)."""
+        buf = bucket.buffer()
+        ready = None
+        if buf.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        return self.exchanger.submit_to(torch.futures.Future(), self._reduce_bucket,
+                                        bucket.index(), bucket.is_last(), buf, ready)
 
     # -- modes --------------------------------------------------------------------------
 
@@ -184,21 +231,6 @@ class HookState:
         close_exchanger(self.comm)
 
 
-def _torch_future(cfut: _CFuture[Any]) -> Any:
-    """A ``torch.futures.Future`` completed (or failed) with ``cfut``."""
-    tfut: Any = torch.futures.Future()
-
-    def done(f: _CFuture[Any]) -> None:
-        exc = f.exception()
-        if exc is None:
-            tfut.set_result(f.result())
-        else:
-            tfut.set_exception(exc)
-
-    cfut.add_done_callback(done)
-    return tfut
-
-
 def _done_future(value: Any) -> Any:
     tfut: Any = torch.futures.Future()
     tfut.set_result(value)
@@ -215,7 +247,7 @@ def ddp_hook(state: HookState, bucket: Any) -> Any:
         elif state.staleness:
             out = _done_future(state._stale_exchange(bucket))
         else:
-            out = _torch_future(state.submit(bucket))
+            out = state.submit_bucket(bucket)
     except BaseException as exc:  # noqa: BLE001 - delivered through the future
         out = torch.futures.Future()
         out.set_exception(exc)
