@@ -23,12 +23,27 @@ it is also called at interpreter exit, before mpi4py finalizes MPI.
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
+
+#: MPICH settings that make a waiting MPI call sleep instead of spinning: after
+#: ``..._NO_PROGRESS_COUNT`` polls without progress it calls ``usleep(1)`` (~50-60 µs with
+#: Linux's timer slack), and yields with ``nanosleep`` rather than ``sched_yield``. Set them
+#: in the environment before MPI starts (``from mpi4py import MPI``) when ranks share cores
+#: with compute: a comm thread spinning in ``MPI_Wait`` takes a core from backward, which is
+#: what hid nothing in the overlap figures of BENCHMARKS.md. Costs latency on an idle core.
+QUIET_PROGRESS_ENV = {
+    "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
+    "MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT": "64",
+    "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1",
+    "MPIR_CVAR_POLLS_BEFORE_YIELD": "64",
+}
 
 #: Seconds ``close()`` waits for queued work before giving up on the thread (it is a daemon:
 #: a hung collective cannot keep the process alive).
@@ -126,6 +141,9 @@ class Exchanger:
                                 f"after {timeout} s; a rank may have left the job")
 
     def _loop(self) -> None:
+        nice = os.environ.get("RINGTUNE_EXCHANGE_NICE", "").strip()
+        if nice:
+            _renice(nice, getattr(self.comm, "rank", 0))
         get = self._jobs.get
         while True:
             item = get()
@@ -157,6 +175,25 @@ class Exchanger:
         self._jobs.put(None)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+
+
+def _renice(value: str, rank: int) -> None:
+    """``RINGTUNE_EXCHANGE_NICE=-5``: give this thread (Linux: a thread has its own nice
+    value) a higher priority than the training thread, so that on shared cores it runs as
+    soon as data arrives, does its short work and sleeps again, instead of queueing behind
+    backward for a time slice. Lowering nice below 0 needs CAP_SYS_NICE; without it the
+    thread keeps the process's priority (a warning says so)."""
+    try:
+        level = int(value)
+    except ValueError:
+        warnings.warn(f"rank {rank}: RINGTUNE_EXCHANGE_NICE={value!r} is not an integer "
+                      "(e.g. -5); the exchange thread keeps its priority", stacklevel=2)
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), level)
+    except (OSError, AttributeError) as exc:
+        warnings.warn(f"rank {rank}: cannot set the exchange thread's nice value to {level} "
+                      f"({exc}); it keeps the process's priority", stacklevel=2)
 
 
 def _done(fut: Any) -> bool:
