@@ -89,4 +89,12 @@ def as_buffer(buf: Any) -> Any:
 
             return t.view(torch.int16).numpy().view(np.dtype(ml_dtypes.bfloat16))
         return t.numpy()
+    import torch
+
+    # The GPU backend orders its stream after CuPy's current stream (the legacy default
+    # stream, torch's default too). Kernels queued on a torch side stream are not in that
+    # order: wait for them here, or the reduction could read the tensor before they ran.
+    stream = torch.cuda.current_stream(t.device)
+    if stream.cuda_stream != torch.cuda.default_stream(t.device).cuda_stream:
+        stream.synchronize()
     return t

@@ -51,6 +51,28 @@ from .exchange import exchanger_for
 __all__ = ["HookState", "ddp_hook"]
 
 
+def _ready_event(t: Any) -> Any:
+    """On the thread that queued the work writing ``t`` (DDP's autograd thread): an event
+    after it on that thread's current stream, or ``None`` for a CPU tensor."""
+    if not t.is_cuda:
+        return None
+    ev = torch.cuda.Event()
+    ev.record(torch.cuda.current_stream(t.device))
+    return ev
+
+
+def _on_comm_thread(t: Any, ready: Any) -> None:
+    """On the communication thread, before a CUDA tensor is read: make its GPU the current
+    device (CUDA's current device belongs to each host thread, and this thread starts on
+    device 0; the GPU backend refuses a mismatch) and wait until the kernels that wrote it
+    have run (they were queued on another thread's stream, which the backend's stream knows
+    nothing of)."""
+    if ready is None:
+        return
+    torch.cuda.set_device(t.device)
+    ready.synchronize()
+
+
 class HookState:
     """State of ``ddp_hook``: the ``Communicator``, its communication thread, the mode."""
 
@@ -113,8 +135,7 @@ class HookState:
 
     def _reduce(self, sig: tuple[Any, ...], buf: Any, ready: Any) -> Any:
         """On the communication thread: average ``buf`` in place."""
-        if ready is not None:
-            ready.synchronize()  # the gradient kernels that wrote the bucket have run
+        _on_comm_thread(buf, ready)
         if sig not in self._checked:
             self._check(sig, buf)
             self._checked.add(sig)
@@ -129,14 +150,14 @@ class HookState:
         holds that memory, so an equal address is the same memory); a rebuilt bucket takes
         the full path again. ``RINGTUNE_CHECK`` and debug logging always take the full
         ``Communicator.allreduce`` (their per-call work is the point of them)."""
-        if ready is not None:
-            ready.synchronize()  # the gradient kernels that wrote the bucket have run
+        _on_comm_thread(buf, ready)
         hit = self._fast.get(index)
         comm = self.comm
         if hit is not None and hit[0].data_ptr() == buf.data_ptr() \
                 and hit[0].numel() == buf.numel() and hit[0].dtype == buf.dtype \
                 and comm._plans.get(hit[3]) is hit[2]:
-            comm.run_prepared(hit[2], hit[1])
+            prepared: Any = hit[2]
+            comm.run_prepared(prepared, hit[1])
             return buf
         sig = (index, int(buf.numel()), str(buf.dtype), buf.device.type, last)
         self._reduce(sig, buf, None)
@@ -147,33 +168,27 @@ class HookState:
             backend = backend_for(arr)
             flat = backend.as_flat(arr)
             key = _plan_key(flat, "avg", backend, None, None, {})
-            prepared = comm._plans.get(key)  # made by the allreduce just run
+            made = comm._plans.get(key)  # made by the allreduce just run
             if len(self._fast) > 256:  # a model whose buckets keep changing: do not grow
                 self._fast.clear()
-            if prepared is not None:
-                self._fast[index] = (buf, flat, prepared, key)
+            if made is not None:
+                self._fast[index] = (buf, flat, made, key)
         return buf
 
     def submit(self, bucket: Any) -> _CFuture[Any]:
         """Queue the averaging of ``bucket``'s buffer (in place) on the communication
         thread."""
         buf = bucket.buffer()
-        ready = None
-        if buf.is_cuda:
-            ready = torch.cuda.Event()
-            ready.record()
-        return self.exchanger.submit(self._reduce, self._signature(bucket), buf, ready)
+        return self.exchanger.submit(self._reduce, self._signature(bucket), buf,
+                                     _ready_event(buf))
 
     def submit_bucket(self, bucket: Any) -> Any:
         """The hook's path: queue ``bucket`` and return a ``torch.futures.Future`` that the
         communication thread completes (one queue put here; everything else there)."""
         buf = bucket.buffer()
-        ready = None
-        if buf.is_cuda:
-            ready = torch.cuda.Event()
-            ready.record()
         return self.exchanger.submit_to(torch.futures.Future(), self._reduce_bucket,
-                                        bucket.index(), bucket.is_last(), buf, ready)
+                                        bucket.index(), bucket.is_last(), buf,
+                                        _ready_event(buf))
 
     # -- modes --------------------------------------------------------------------------
 
@@ -183,7 +198,9 @@ class HookState:
         buf = bucket.buffer()
         copy = buf.detach().clone()
         sig = self._signature(bucket)
-        fut = self.exchanger.submit(self._reduce, sig, copy, None)
+        # CUDA: the clone is queued on this thread's stream; the event orders the comm
+        # thread's read after it (and after the gradient kernels before it).
+        fut = self.exchanger.submit(self._reduce, sig, copy, _ready_event(copy))
         # Keep only what ``wait`` still has to report: finished exchanges that succeeded are
         # referenced by ``_stale`` until used (a long run must not keep every step's copy).
         self._pending = [f for f in self._pending if not f.done() or f.exception()]
@@ -213,8 +230,14 @@ class HookState:
         if self.step % self.average_every:  # ``step`` counts finished backward passes
             return
         data = [p.detach() for p in params]
-        with torch.no_grad():
-            self.exchanger.submit(self.comm.allreduce_many, data, "avg").result()
+        ready = _ready_event(data[0]) if data else None  # after optimizer.step's kernels
+        self.exchanger.submit(self._average, data, ready).result()
+
+    def _average(self, data: list[Any], ready: Any) -> None:
+        """On the communication thread: average parameters in place (local SGD)."""
+        if data:
+            _on_comm_thread(data[0], ready)
+        self.comm.allreduce_many(data, "avg")
 
     def wait(self) -> None:
         """Wait for every exchange queued so far (e.g. before calling MPI yourself under
