@@ -20,7 +20,12 @@ together (the ringtune hook). Hidden share of communication =
 
 ``overhead``: a 1 KiB bucket through ``ddp_hook`` (queue, thread hand-off, futures) against
 ``Communicator.allreduce`` of the same buffer on the calling thread; the difference is the
-hook's cost per bucket.
+hook's cost per bucket. Also per bucket in bursts (DDP's pattern), the training thread's own
+time in the hook, and a bare thread round trip (the operating system's share).
+
+``--model embedding``: ``DigitsEmbedding``, a communication-bound model with ≥ 10 M
+parameters and little compute. ``--mpi-progress=throttle``: MPICH sleeps in its waits
+instead of spinning (``collectives.exchange.QUIET_PROGRESS_ENV``, set before MPI starts).
 """
 
 from __future__ import annotations

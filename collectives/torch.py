@@ -16,6 +16,11 @@ process group (CPU tensors) is what the tests run; CUDA buckets (NCCL process gr
 ringtune's GPU backend in the same way, ordered after the gradient kernels by an event (not
 verified here: no GPU).
 
+CPU cores shared by ranks: MPICH busy-polls while the communication thread waits, taking the
+core backward needs; start MPI with ``collectives.exchange.QUIET_PROGRESS_ENV`` in the
+environment (MPICH then sleeps after empty polls) where compute and communication share
+cores, e.g. ``os.environ.update(QUIET_PROGRESS_ENV)`` before ``from mpi4py import MPI``.
+
 Modes (``HookState(comm, staleness=..., average_every=...)``; both off by default):
 - ``staleness=1``: step t applies the average of step t-1's gradients, while step t's are
   exchanged behind step t+1's forward and backward (the first step applies zeros). Every
