@@ -176,6 +176,11 @@ class HookState:
             made = comm._plans.get(key)  # made by the allreduce just run
             if len(self._fast) > 256:  # a model whose buckets keep changing: do not grow
                 self._fast.clear()
+            if last:
+                # DDP rebuilds its buckets after the first step, often into fewer: drop the
+                # entries past the last one, or they would keep the old buckets' memory.
+                for stale in [k for k in self._fast if k > index]:
+                    del self._fast[stale]
             if made is not None:
                 self._fast[index] = (buf, flat, made, key)
         return buf
