@@ -20,7 +20,12 @@ together (the ringtune hook). Hidden share of communication =
 
 ``overhead``: a 1 KiB bucket through ``ddp_hook`` (queue, thread hand-off, futures) against
 ``Communicator.allreduce`` of the same buffer on the calling thread; the difference is the
-hook's cost per bucket.
+hook's cost per bucket. Also per bucket in bursts (DDP's pattern), the training thread's own
+time in the hook, and a bare thread round trip (the operating system's share).
+
+``--model embedding``: ``DigitsEmbedding``, a communication-bound model with ≥ 10 M
+parameters and little compute. ``--mpi-progress=throttle``: MPICH sleeps in its waits
+instead of spinning (``collectives.exchange.QUIET_PROGRESS_ENV``, set before MPI starts).
 """
 
 from __future__ import annotations
@@ -33,8 +38,14 @@ import time
 from typing import Any
 
 import torch
-from mpi4py import MPI
-from torch import nn
+
+if "--mpi-progress=throttle" in sys.argv:  # before MPI_Init: MPICH reads its CVARs there
+    from collectives.exchange import QUIET_PROGRESS_ENV
+
+    for _k, _v in QUIET_PROGRESS_ENV.items():
+        os.environ.setdefault(_k, _v)
+from mpi4py import MPI  # noqa: E402
+from torch import nn  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 from train_digits import digits, init_gloo, make_model, shard, wrap  # noqa: E402
@@ -43,6 +54,39 @@ from collectives import Communicator  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+
+
+class DigitsEmbedding(nn.Module):
+    """A communication-bound model: many parameters, little compute per step. Each digit's
+    64 standardised pixels, quantised to 17 levels, pick 64 hashed rows of ``tables``
+    embedding tables (``rows`` x ``dim`` each, dense gradients, so every step exchanges all
+    of them, as a recommendation model's embeddings without sparse gradients do); the rows
+    are summed and a linear layer gives the 10 classes."""
+
+    def __init__(self, tables: int, rows: int, dim: int, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.rows = rows
+        self.bags = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum")
+                                  for _ in range(tables))
+        self.out = nn.Linear(dim * tables, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        level = (x * 4).round().clamp(-8, 8).long() + 8  # 0..16
+        key = torch.arange(64) * 17 + level
+        parts = []
+        for t, bag in enumerate(self.bags):
+            idx = ((key + 1088 * t) * 2654435761) % self.rows
+            parts.append(bag(idx))
+        return self.out(torch.cat(parts, dim=1))
+
+
+def build_model(args: argparse.Namespace) -> nn.Module:
+    """The benchmark's model: ``--model mlp`` (examples/train_digits.py's MLP) or
+    ``--model embedding`` (``DigitsEmbedding``)."""
+    if args.model == "embedding":
+        return DigitsEmbedding(args.tables, args.rows, args.dim)
+    return make_model(args.hidden, args.layers)
 
 
 def _sync_time(fn: Any) -> float:
@@ -66,8 +110,10 @@ def _steps(ddp: nn.Module, opt: Any, first: int, count: int, batch: int,
 def _header(args: argparse.Namespace, what: str) -> None:
     hosts = len(set(WORLD.allgather(MPI.Get_processor_name())))  # collective: every rank
     if RANK == 0:
-        params = sum(p.numel() for p in make_model(args.hidden, args.layers).parameters())
-        print(f"# {what}: {SIZE} ranks on {hosts} host(s), MLP {args.hidden}x{args.layers} "
+        params = sum(p.numel() for p in build_model(args).parameters())
+        name = (f"embedding {args.tables}x{args.rows}x{args.dim}" if args.model == "embedding"
+                else f"MLP {args.hidden}x{args.layers}")
+        print(f"# {what}: {SIZE} ranks on {hosts} host(s), {name} "
               f"({params} parameters), batch "
               f"{args.batch}/rank, torch {torch.__version__}, {torch.get_num_threads()} "
               f"thread(s)/rank, {args.rounds} rounds x {args.steps} steps", flush=True)
@@ -78,7 +124,7 @@ def bench_step(args: argparse.Namespace, ring: Communicator) -> None:
     data = digits()
     models = {}
     for hook in ("ringtune", "gloo"):
-        ddp, state = wrap(make_model(args.hidden, args.layers), hook, ring, args.bucket_cap_mb)
+        ddp, state = wrap(build_model(args), hook, ring, args.bucket_cap_mb)
         models[hook] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), state)
     for ddp, opt, _ in models.values():  # warm-up: bucket rebuild, plans, gloo pairs
         _steps(ddp, opt, 0, 3, args.batch, data)
@@ -91,7 +137,13 @@ def bench_step(args: argparse.Namespace, ring: Communicator) -> None:
                                                                 args.batch, data))
             times[hook].append(t / args.steps)
     med = {h: statistics.median(v) * 1e3 for h, v in times.items()}
-    if RANK == 0:
+    state = models["ringtune"][2]
+    if RANK == 0 and state is not None:
+        # What the profile chose for each bucket (the plans the hook cached while warming up).
+        for index, (buf, _, prepared, _) in sorted(state._fast.items()):
+            plan = prepared.plan
+            print(f"bucket {index}: {buf.numel() * buf.element_size()} B -> "
+                  f"{plan.algorithm} {plan.describe_params()} ({plan.source})")
         print("| hook | median step (ms) | rounds (ms) |")
         print("|---|---|---|")
         for h in models:
@@ -116,10 +168,9 @@ def bench_overlap(args: argparse.Namespace, ring: Communicator) -> None:
 
     _header(args, f"overlap of exchange with backward, buckets of {args.bucket_cap_mb} MB")
     data = digits()
-    compute = DDP(make_model(args.hidden, args.layers), bucket_cap_mb=args.bucket_cap_mb)
+    compute = DDP(build_model(args), bucket_cap_mb=args.bucket_cap_mb)
     compute.register_comm_hook(None, _noop_hook)
-    together, _ = wrap(make_model(args.hidden, args.layers), "ringtune", ring,
-                       args.bucket_cap_mb)
+    together, _ = wrap(build_model(args), "ringtune", ring, args.bucket_cap_mb)
     opt_c = torch.optim.SGD(compute.parameters(), lr=0.01)
     opt_t = torch.optim.SGD(together.parameters(), lr=0.01)
     _steps(compute, opt_c, 0, 3, args.batch, data)
@@ -134,7 +185,13 @@ def bench_overlap(args: argparse.Namespace, ring: Communicator) -> None:
             for f in futs:
                 f.result()
 
-    t: dict[str, list[float]] = {"compute": [], "comm": [], "together": []}
+    def gloo_only() -> None:  # DDP's default exchange of the same buckets, for the ratio
+        for _ in range(args.steps):
+            works = [torch.distributed.all_reduce(b, async_op=True) for b in buckets]
+            for w in works:
+                w.wait()
+
+    t: dict[str, list[float]] = {"compute": [], "comm": [], "together": [], "gloo": []}
     for r in range(args.rounds):
         first = 3 + r * args.steps
         t["compute"].append(_sync_time(
@@ -142,77 +199,156 @@ def bench_overlap(args: argparse.Namespace, ring: Communicator) -> None:
         t["comm"].append(_sync_time(comm_only))
         t["together"].append(_sync_time(
             lambda f=first: _steps(together, opt_t, f, args.steps, args.batch, data)))
+        t["gloo"].append(_sync_time(gloo_only))
     med = {k: statistics.median(v) / args.steps * 1e3 for k, v in t.items()}
     hidden = (med["compute"] + med["comm"] - med["together"]) / med["comm"]
+    # Per round too (its three figures measured back to back): load drift between rounds
+    # moves compute-only by tens of percent on a shared machine.
+    per_round = sorted((c + m - g) / m for c, m, g in zip(t["compute"], t["comm"],
+                                                        t["together"]))
     if RANK == 0:
         print(f"buckets per step: {len(sizes)} ({', '.join(str(s) for s in sizes)} B)")
-        print("| compute only (ms) | comm only (ms) | together (ms) | communication hidden |")
-        print("|---|---|---|---|")
+        print("| compute only (ms) | comm only (ms) | together (ms) | communication hidden "
+              "| hidden, per round (median; range) |")
+        print("|---|---|---|---|---|")
         print(f"| {med['compute']:.2f} | {med['comm']:.2f} | {med['together']:.2f} | "
-              f"{100 * hidden:.0f}% |")
+              f"{100 * hidden:.0f}% | {100 * statistics.median(per_round):.0f}% "
+              f"({100 * per_round[0]:.0f} to {100 * per_round[-1]:.0f}%) |")
+        print(f"the same buckets through gloo's allreduce alone: {med['gloo']:.2f} ms "
+              f"(gloo / ringtune comm only: {med['gloo'] / med['comm']:.2f}x)")
 
 
 class _Bucket:
-    def __init__(self, buf: torch.Tensor) -> None:
+    """Stands in for DDP's ``GradBucket`` (what ``ddp_hook`` reads of it)."""
+
+    def __init__(self, buf: torch.Tensor, index: int = 0, last: bool = True) -> None:
         self.buf = buf
+        self.i = index
+        self.last = last
 
     def index(self) -> int:
-        return 0
+        return self.i
 
     def buffer(self) -> torch.Tensor:
         return self.buf
 
     def is_last(self) -> bool:
-        return True
+        return self.last
 
     def parameters(self) -> list[torch.Tensor]:
         return [self.buf]
 
 
+def _wakeup_floor(calls: int) -> float:
+    """Seconds of one bare thread round trip (lock released by the other thread and back):
+    the operating system's part of every hand-off, with no ringtune code in it."""
+    import queue
+    import threading
+
+    jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def loop() -> None:
+        while (lock := jobs.get()) is not None:
+            lock.release()
+
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    lock = threading.Lock()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        lock.acquire()
+        jobs.put(lock)
+        lock.acquire()
+        lock.release()
+    dt = (time.perf_counter() - t0) / calls
+    jobs.put(None)
+    th.join()
+    return dt
+
+
 def bench_overhead(args: argparse.Namespace, ring: Communicator) -> None:
+    """Per 1 KiB bucket, medians over rounds and ranks: ``allreduce`` of the tensor on the
+    calling thread; one bucket through ``ddp_hook`` waited for at once (two thread hand-offs
+    on its critical path); a burst of ``--burst`` buckets queued, then waited for, as DDP
+    does within one backward (per bucket); the training thread's own time in ``ddp_hook``
+    (what backward pays); and the bare thread round trip of the operating system."""
     from collectives.torch import HookState, ddp_hook
 
     if RANK == 0:
         print(f"# hook overhead per 1 KiB bucket: {SIZE} ranks, {args.calls} calls x "
-              f"{args.rounds} rounds", flush=True)
-    buf = torch.zeros(256)
+              f"{args.rounds} rounds, bursts of {args.burst}", flush=True)
     state = HookState(ring)
-    bucket = _Bucket(buf)
+    bufs = [torch.zeros(256) for _ in range(args.burst)]
+    buckets = [_Bucket(b, i, i == args.burst - 1) for i, b in enumerate(bufs)]
+    bucket = buckets[0]
     for _ in range(50):
         ddp_hook(state, bucket).wait()
-        ring.allreduce(buf, op="avg")
-    direct, hook = [], []
+        ring.allreduce(bufs[0], op="avg")
+    for b in buckets:
+        ddp_hook(state, b).wait()
+    res: dict[str, list[float]] = {k: [] for k in ("direct", "one", "burst", "dispatch",
+                                                   "floor")}
+    bursts = max(1, args.calls // args.burst)
     for _ in range(args.rounds):
         WORLD.Barrier()
         t0 = time.perf_counter()
         for _ in range(args.calls):
-            ring.allreduce(buf, op="avg")
-        direct.append((time.perf_counter() - t0) / args.calls)
+            ring.allreduce(bufs[0], op="avg")
+        res["direct"].append((time.perf_counter() - t0) / args.calls)
         WORLD.Barrier()
         t0 = time.perf_counter()
         for _ in range(args.calls):
             ddp_hook(state, bucket).wait()
-        hook.append((time.perf_counter() - t0) / args.calls)
-    d = statistics.median(WORLD.allgather(statistics.median(direct)))
-    h = statistics.median(WORLD.allgather(statistics.median(hook)))
+        res["one"].append((time.perf_counter() - t0) / args.calls)
+        WORLD.Barrier()
+        t0 = time.perf_counter()
+        spent = 0.0
+        for _ in range(bursts):
+            futs = []
+            for b in buckets:
+                t1 = time.perf_counter()
+                futs.append(ddp_hook(state, b))
+                spent += time.perf_counter() - t1
+            for f in futs:
+                f.wait()
+        n = bursts * args.burst
+        res["burst"].append((time.perf_counter() - t0) / n)
+        res["dispatch"].append(spent / n)
+        res["floor"].append(_wakeup_floor(args.calls))
+    med = {k: statistics.median(WORLD.allgather(statistics.median(v))) * 1e6
+           for k, v in res.items()}
+    state.close()
     if RANK == 0:
-        print("| allreduce on the calling thread (µs) | through ddp_hook (µs) | overhead (µs) |")
-        print("|---|---|---|")
-        print(f"| {d * 1e6:.1f} | {h * 1e6:.1f} | {(h - d) * 1e6:.1f} |")
+        print("| allreduce on the calling thread (µs) | ddp_hook, one bucket waited (µs) | "
+              "overhead (µs) | ddp_hook in a burst, per bucket (µs) | overhead (µs) | "
+              "training thread's time in ddp_hook (µs) | bare thread round trip (µs) |")
+        print("|---|---|---|---|---|---|---|")
+        print(f"| {med['direct']:.1f} | {med['one']:.1f} | {med['one'] - med['direct']:.1f} | "
+              f"{med['burst']:.1f} | {med['burst'] - med['direct']:.1f} | "
+              f"{med['dispatch']:.1f} | {med['floor']:.1f} |")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=("step", "overlap", "overhead"))
+    p.add_argument("--model", choices=("mlp", "embedding"), default="mlp")
+    p.add_argument("--tables", type=int, default=4, help="embedding: tables")
+    p.add_argument("--rows", type=int, default=40000, help="embedding: rows per table")
+    p.add_argument("--dim", type=int, default=64, help="embedding: row width")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--burst", type=int, default=16, help="overhead: buckets per burst")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--profile", default=None)
+    p.add_argument("--mpi-progress", choices=("spin", "throttle"), default="spin",
+                   help="MPICH's waits: its default busy polling, or QUIET_PROGRESS_ENV "
+                   "(collectives/exchange.py: sleep after empty polls); give it as "
+                   "--mpi-progress=throttle (read before MPI starts)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     init_gloo(WORLD)

@@ -192,7 +192,7 @@ def _run_group(comm: Any, ex: Any, backend: Backend,
                 job = _Job(target, members, s)
             else:
                 job = _Job(target, [], -1)
-            job.future = _submit(ex, comm, target, op)
+            job.future = _submit(ex, comm, backend, target, op)
             jobs.append(job)
         while jobs:
             finish_oldest()
@@ -203,8 +203,21 @@ def _run_group(comm: Any, ex: Any, backend: Backend,
                 job.future.exception()
 
 
-def _submit(ex: Any, comm: Any, buf: Any, op: str) -> Future[Any]:
+def _on_device(backend: Backend, fn: Any, *args: Any) -> Any:
+    """Run ``fn`` on the communication thread with the GPU backend's device current: CUDA's
+    current device belongs to each host thread (a new thread starts on device 0), and the
+    backend refuses to run on another device than its buffers'. The packing copies and the
+    reduction are both queued on the backend's stream, so no other ordering is needed."""
+    import cupy
+
+    with cupy.cuda.Device(backend.device):  # type: ignore[attr-defined]
+        return fn(*args)
+
+
+def _submit(ex: Any, comm: Any, backend: Backend, buf: Any, op: str) -> Future[Any]:
     if ex is not None:
+        if backend.on_gpu and hasattr(backend, "device"):
+            return ex.submit(_on_device, backend, comm.allreduce, buf, op)
         return ex.submit(comm.allreduce, buf, op)
     fut: Future[Any] = Future()
     try:

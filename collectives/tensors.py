@@ -36,6 +36,12 @@ def check_tensor(t: Any) -> None:
     the CPU or a CUDA device."""
     import torch
 
+    # The common case costs a few attribute reads (it runs once per allreduce of a tensor):
+    # ``is_cpu``/``is_cuda`` instead of building a ``torch.device``, the rank only for a
+    # message (``launcher_rank`` reads the environment).
+    if (t.is_cpu or t.is_cuda) and t.layout == torch.strided and t.is_contiguous() \
+            and not (t.requires_grad and torch.is_grad_enabled()):
+        return
     rank = _rank()
     kind = t.device.type
     if kind not in ("cpu", "cuda"):
@@ -55,6 +61,12 @@ def check_tensor(t: Any) -> None:
                          "inside `with torch.no_grad():` (as optimizers update parameters)")
 
 
+def _bfloat16() -> Any:
+    import torch
+
+    return torch.bfloat16
+
+
 def as_buffer(buf: Any) -> Any:
     """What the backends can take for ``buf``: a CPU tensor's NumPy view (same memory), a
     checked CUDA tensor (a detached alias when it requires grad under ``no_grad``, since
@@ -63,8 +75,8 @@ def as_buffer(buf: Any) -> Any:
         return buf
     check_tensor(buf)
     t = buf.detach() if buf.requires_grad else buf  # same memory, no autograd
-    if t.device.type == "cpu":
-        if str(t.dtype) == "torch.bfloat16":
+    if t.is_cpu:
+        if t.dtype is _bfloat16():
             import numpy as np
 
             # NumPy has no bfloat16; ml_dtypes gives the same bits a NumPy name.
@@ -77,4 +89,12 @@ def as_buffer(buf: Any) -> Any:
 
             return t.view(torch.int16).numpy().view(np.dtype(ml_dtypes.bfloat16))
         return t.numpy()
+    import torch
+
+    # The GPU backend orders its stream after CuPy's current stream (the legacy default
+    # stream, torch's default too). Kernels queued on a torch side stream are not in that
+    # order: wait for them here, or the reduction could read the tensor before they ran.
+    stream = torch.cuda.current_stream(t.device)
+    if stream.cuda_stream != torch.cuda.default_stream(t.device).cuda_stream:
+        stream.synchronize()
     return t

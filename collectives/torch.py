@@ -16,6 +16,11 @@ process group (CPU tensors) is what the tests run; CUDA buckets (NCCL process gr
 ringtune's GPU backend in the same way, ordered after the gradient kernels by an event (not
 verified here: no GPU).
 
+CPU cores shared by ranks: MPICH busy-polls while the communication thread waits, taking the
+core backward needs; start MPI with ``collectives.exchange.QUIET_PROGRESS_ENV`` in the
+environment (MPICH then sleeps after empty polls) where compute and communication share
+cores, e.g. ``os.environ.update(QUIET_PROGRESS_ENV)`` before ``from mpi4py import MPI``.
+
 Modes (``HookState(comm, staleness=..., average_every=...)``; both off by default):
 - ``staleness=1``: step t applies the average of step t-1's gradients, while step t's are
   exchanged behind step t+1's forward and backward (the first step applies zeros). Every
@@ -44,10 +49,33 @@ except ImportError as _exc:  # the torch API without torch: one line with the fi
                       "with `pip install 'ringtune[torch]'` (or `make .venv-torch/.installed`)"
                       ) from None
 
+from .communicator import _plan_key
 from .errors import AgreementError, require_agreement
 from .exchange import exchanger_for
 
 __all__ = ["HookState", "ddp_hook"]
+
+
+def _ready_event(t: Any) -> Any:
+    """On the thread that queued the work writing ``t`` (DDP's autograd thread): an event
+    after it on that thread's current stream, or ``None`` for a CPU tensor."""
+    if not t.is_cuda:
+        return None
+    ev = torch.cuda.Event()
+    ev.record(torch.cuda.current_stream(t.device))
+    return ev
+
+
+def _on_comm_thread(t: Any, ready: Any) -> None:
+    """On the communication thread, before a CUDA tensor is read: make its GPU the current
+    device (CUDA's current device belongs to each host thread, and this thread starts on
+    device 0; the GPU backend refuses a mismatch) and wait until the kernels that wrote it
+    have run (they were queued on another thread's stream, which the backend's stream knows
+    nothing of)."""
+    if ready is None:
+        return
+    torch.cuda.set_device(t.device)
+    ready.synchronize()
 
 
 class HookState:
@@ -76,6 +104,8 @@ class HookState:
         self.exchanger = exchanger_for(comm)  # checks the MPI thread level
         self.step = 0
         self._checked: set[tuple[Any, ...]] = set()
+        # per bucket index: (tensor, flat view, prepared plan, plan key); see _reduce_bucket
+        self._fast: dict[int, tuple[Any, Any, Any, Any]] = {}
         # staleness 1: per parameter, the averaged gradient of the previous step.
         self._stale: dict[int, Any] = {}
         self._pending: list[_CFuture[Any]] = []
@@ -110,23 +140,65 @@ class HookState:
 
     def _reduce(self, sig: tuple[Any, ...], buf: Any, ready: Any) -> Any:
         """On the communication thread: average ``buf`` in place."""
-        if ready is not None:
-            ready.synchronize()  # the gradient kernels that wrote the bucket have run
+        _on_comm_thread(buf, ready)
         if sig not in self._checked:
             self._check(sig, buf)
             self._checked.add(sig)
         self.comm.allreduce(buf, op="avg")
         return buf
 
+    def _reduce_bucket(self, index: int, last: bool, buf: Any, ready: Any) -> Any:
+        """On the communication thread: average a DDP bucket in place, the fast way once
+        its layout is known. DDP hands the same bucket tensors every step, so the checked
+        layout, the NumPy (or CUDA) view and the prepared plan are kept per bucket index
+        and reused while the tensor's memory, size and dtype are the same (the kept tensor
+        holds that memory, so an equal address is the same memory); a rebuilt bucket takes
+        the full path again. ``RINGTUNE_CHECK`` and debug logging always take the full
+        ``Communicator.allreduce`` (their per-call work is the point of them)."""
+        _on_comm_thread(buf, ready)
+        hit = self._fast.get(index)
+        comm = self.comm
+        if hit is not None and hit[0].data_ptr() == buf.data_ptr() \
+                and hit[0].numel() == buf.numel() and hit[0].dtype == buf.dtype \
+                and comm._plans.get(hit[3]) is hit[2]:
+            prepared: Any = hit[2]
+            comm.run_prepared(prepared, hit[1])
+            return buf
+        sig = (index, int(buf.numel()), str(buf.dtype), buf.device.type, last)
+        self._reduce(sig, buf, None)
+        if not (comm.check_args or comm._log_calls):
+            from .registry import backend_for
+
+            arr = as_buffer(buf)
+            backend = backend_for(arr)
+            flat = backend.as_flat(arr)
+            key = _plan_key(flat, "avg", backend, None, None, {})
+            made = comm._plans.get(key)  # made by the allreduce just run
+            if len(self._fast) > 256:  # a model whose buckets keep changing: do not grow
+                self._fast.clear()
+            if last:
+                # DDP rebuilds its buckets after the first step, often into fewer: drop the
+                # entries past the last one, or they would keep the old buckets' memory.
+                for stale in [k for k in self._fast if k > index]:
+                    del self._fast[stale]
+            if made is not None:
+                self._fast[index] = (buf, flat, made, key)
+        return buf
+
     def submit(self, bucket: Any) -> _CFuture[Any]:
         """Queue the averaging of ``bucket``'s buffer (in place) on the communication
         thread."""
         buf = bucket.buffer()
-        ready = None
-        if buf.device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record()
-        return self.exchanger.submit(self._reduce, self._signature(bucket), buf, ready)
+        return self.exchanger.submit(self._reduce, self._signature(bucket), buf,
+                                     _ready_event(buf))
+
+    def submit_bucket(self, bucket: Any) -> Any:
+        """The hook's path: queue ``bucket`` and return a ``torch.futures.Future`` that the
+        communication thread completes (one queue put here; everything else there)."""
+        buf = bucket.buffer()
+        return self.exchanger.submit_to(torch.futures.Future(), self._reduce_bucket,
+                                        bucket.index(), bucket.is_last(), buf,
+                                        _ready_event(buf))
 
     # -- modes --------------------------------------------------------------------------
 
@@ -136,7 +208,9 @@ class HookState:
         buf = bucket.buffer()
         copy = buf.detach().clone()
         sig = self._signature(bucket)
-        fut = self.exchanger.submit(self._reduce, sig, copy, None)
+        # CUDA: the clone is queued on this thread's stream; the event orders the comm
+        # thread's read after it (and after the gradient kernels before it).
+        fut = self.exchanger.submit(self._reduce, sig, copy, _ready_event(copy))
         # Keep only what ``wait`` still has to report: finished exchanges that succeeded are
         # referenced by ``_stale`` until used (a long run must not keep every step's copy).
         self._pending = [f for f in self._pending if not f.done() or f.exception()]
@@ -166,8 +240,14 @@ class HookState:
         if self.step % self.average_every:  # ``step`` counts finished backward passes
             return
         data = [p.detach() for p in params]
-        with torch.no_grad():
-            self.exchanger.submit(self.comm.allreduce_many, data, "avg").result()
+        ready = _ready_event(data[0]) if data else None  # after optimizer.step's kernels
+        self.exchanger.submit(self._average, data, ready).result()
+
+    def _average(self, data: list[Any], ready: Any) -> None:
+        """On the communication thread: average parameters in place (local SGD)."""
+        if data:
+            _on_comm_thread(data[0], ready)
+        self.comm.allreduce_many(data, "avg")
 
     def wait(self) -> None:
         """Wait for every exchange queued so far (e.g. before calling MPI yourself under
@@ -182,21 +262,6 @@ class HookState:
         from .exchange import close_exchanger
 
         close_exchanger(self.comm)
-
-
-def _torch_future(cfut: _CFuture[Any]) -> Any:
-    """A ``torch.futures.Future`` completed (or failed) with ``cfut``."""
-    tfut: Any = torch.futures.Future()
-
-    def done(f: _CFuture[Any]) -> None:
-        exc = f.exception()
-        if exc is None:
-            tfut.set_result(f.result())
-        else:
-            tfut.set_exception(exc)
-
-    cfut.add_done_callback(done)
-    return tfut
 
 
 def _done_future(value: Any) -> Any:
@@ -215,7 +280,7 @@ def ddp_hook(state: HookState, bucket: Any) -> Any:
         elif state.staleness:
             out = _done_future(state._stale_exchange(bucket))
         else:
-            out = _torch_future(state.submit(bucket))
+            out = state.submit_bucket(bucket)
     except BaseException as exc:  # noqa: BLE001 - delivered through the future
         out = torch.futures.Future()
         out.set_exception(exc)

@@ -192,3 +192,20 @@ def test_bad_modes(comm) -> None:
 
 def test_agreement_error_is_exported() -> None:
     assert issubclass(AgreementError, ValueError)
+
+
+def test_hook_keeps_no_bucket_of_an_old_layout(comm) -> None:
+    """DDP rebuilds its buckets after the first step, often into fewer; the hook's
+    per-bucket cache must then hold only the current buckets (an old one kept would pin
+    gradient-sized memory for the life of the job)."""
+    from collectives.torch import HookState, ddp_hook
+
+    state = HookState(comm)
+    first = [_Bucket(50, i, i == 2) for i in range(3)]  # the layout of step 0
+    rebuilt = [_Bucket(75, i, i == 1) for i in range(2)]  # after DDP's rebuild
+    for layout in (first, rebuilt, rebuilt):
+        for fut in [ddp_hook(state, b) for b in layout]:
+            fut.wait()
+    held = {k: v[0] for k, v in state._fast.items()}
+    agree([] if sorted(held) == [0, 1] and all(held[i] is rebuilt[i].buf for i in held)
+          else [f"cache holds buckets {sorted(held)}"])
