@@ -271,8 +271,9 @@ def test_a_workload_rerun_reuses_the_recorded_bucket_size(tmp_path: Any,
     monkeypatch.setattr(fusion, "search_bucket_bytes", noisy_search)
     opts = _opts(tmp_path, buckets=[1024, 4096])
     sums = [_summary(1024, [("rhd", {}, 9.0)]), _summary(4096, [("multiring", RING, 20.0)])]
-    choices = [Choice(1024, "rhd", {}, 9.0, 11.0, 0.1, 0.09, [], "2026-12-01T09:00:07Z", 0.5),
-               Choice(4096, "multiring", RING, 20.0, 30.0, 0.2, 0.1, [],
+    choices = [Choice(1024, Config("rhd"), 9.0, 11.0, 0.1, 0.09, [], "2026-12-01T09:00:07Z",
+                      0.5),
+               Choice(4096, Config("multiring", RING), 20.0, 30.0, 0.2, 0.1, [],
                       "2026-12-01T09:00:08Z", 0.5)]
     storage = _storage(tmp_path)
     for s in sums:
@@ -298,7 +299,7 @@ def test_a_workload_rerun_reuses_the_recorded_bucket_size(tmp_path: Any,
     for kw in ({"tensors": [4096]}, {"tensors": [4096, 8192], "dtype": "float64"},
                {"tensors": [4096, 8192], "budget": 9.0},
                {"tensors": [4096, 8192], "rules": [choices[0], dataclasses.replace(
-                   choices[1], algorithm="rhd", params={})]}):
+                   choices[1], config=Config("rhd"))]}):
         before = len(searched)
         run(**kw)  # type: ignore[arg-type]
         assert len(searched) == before + 1, kw
