@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import RINGTUNE, ROOT, emulate, emulate_cmd, netns_list, worker
+from .conftest import RINGTUNE, ROOT, cluster, emulate, emulate_cmd, netns_list, worker
 
 
 def _alive(pid: int) -> bool:
@@ -95,8 +95,8 @@ def test_signal_during_setup_leaves_nothing(sig: int) -> None:
     their links are being built."""
     for delay in (0.0, 0.03, 0.06, 0.1, 0.15, 0.25):
         proc = subprocess.Popen(
-            [*RINGTUNE, "emulate", "--cluster", str(ROOT / "profiles/clusters/emulated-2r2x1.yaml"),
-             "--", "sleep", "100"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [*RINGTUNE, "emulate", "--cluster", cluster("2r2x1"), "--", "sleep", "100"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, start_new_session=True)
         mine = f"rtemu-{proc.pid}-"
         deadline = time.monotonic() + 60
