@@ -58,12 +58,14 @@ def calibrate(source: Any, hosts: Sequence[int] | None = None, memory_gbs: float
     ``source`` is a ``Cluster`` (returned as is), a mapping or object with
     ``bandwidth_gbs`` and ``latency_us`` n×n matrices (``probes.links.measure``'s result,
     or a ``Topology`` whose ``links`` holds one), or a ``(bandwidth, latency)`` pair of
-    matrices. ``hosts`` (host index per rank) splits pairs into within-host and
-    between-host levels; without it, a ``Topology``'s layout is used when it has one.
+    matrices. ``hosts`` (host index per rank) gives the innermost tier; the outer ones are
+    found in the bandwidth between hosts (``probes.links.tiers``), one level each. Without
+    ``hosts``, a ``Topology``'s layout is used when it has one. A ``concurrent_gbps``
+    matrix next to the bandwidth (``probes.links.measure``) sets each outer level's
+    ``links_per_rank``; without one, every rank is taken to have a link of its own.
     """
     if isinstance(source, Cluster):
         return source
-    name_ = name
     links = _get(source, "links") if not isinstance(source, tuple) else None
     holder = links if links is not None else source
     if isinstance(holder, tuple) and len(holder) == 2:
@@ -108,18 +110,17 @@ def calibrate(source: Any, hosts: Sequence[int] | None = None, memory_gbs: float
                       and bw[i, j] > 0]
             if ratios:
                 share = float(min(1.0, max(1.0 / below, float(np.median(ratios)))))
-        name = "host" if t == 0 else ("network" if outer == 1 else f"tier{t}")
-        levels.append(Level(name, max(1, units), _median(bw[mask], 1.0),
+        label = "host" if t == 0 else ("network" if outer == 1 else f"tier{t}")
+        levels.append(Level(label, max(1, units), _median(bw[mask], 1.0),
                             max(0.0, _median(lat[mask], 1.0) - over), share, True, "measured"))
-    return Cluster(name=name_, levels=tuple(levels), memory_gbs=mem, overhead_us=over,
+    return Cluster(name=name, levels=tuple(levels), memory_gbs=mem, overhead_us=over,
                    description=f"calibrated from measured links ({len(levels)} tiers)")
 
 
 def _nested_tiers(bw: np.ndarray, hosts: Sequence[int]) -> list[list[int]] | None:
     """``probes.links.tiers`` of the matrix when every tier's groups are equal-sized runs of
-    consecutive ranks (the model numbers each group contiguously), else ``None``. The
-    outermost tier (one group) is dropped when it adds nothing: the world is its last
-    level's group."""
+    consecutive ranks (the model numbers each group contiguously), else ``None`` (ranks of
+    a host placed round-robin, hosts of unequal size)."""
     n = len(hosts)
     found = tiers(bw.tolist(), hosts)
     out = []
