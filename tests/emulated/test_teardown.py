@@ -107,7 +107,9 @@ def test_signal_during_setup_leaves_nothing(sig: int) -> None:
         time.sleep(delay)
         os.killpg(proc.pid, sig)
         _, err = proc.communicate(timeout=30)
-        assert proc.returncode in (130, 143), (delay, proc.returncode, err)
+        # 130/143: the handler saw the signal first; 1: the `ip` it killed failed the
+        # set-up first (both are an ended run; what matters is what is left).
+        assert proc.returncode in (1, 130, 143), (delay, proc.returncode, err)
         left = [n for n in netns_list() if n.startswith(mine)]
         assert not left, f"signal {delay} s into set-up left {left}: {err}"
         etc = Path("/etc/netns")
