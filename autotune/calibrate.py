@@ -2,9 +2,16 @@
 
 Use it when you hold per-pair bandwidth and latency figures — ``probes.links.measure``'s
 result, a ``Topology`` with links, or a ``(bandwidth, latency)`` pair of matrices — and
-want the two-level (within host / between hosts) cluster the model of ``autotune.model``
-runs on; ``best_guesses`` calls it on whatever calibration it is given. To calibrate from
-this machine's timed primitives instead, use ``autotune.primitives.measure``.
+want the tiered cluster the model of ``autotune.model`` runs on; ``best_guesses`` calls it
+on whatever calibration it is given. To calibrate from this machine's timed primitives
+instead, use ``autotune.primitives.measure``.
+
+The tiers are the ones the measurement shows (``probes.links.tiers``): the host, then
+groups of hosts whose mutual bandwidth is alike (racks), up to the world — two levels for
+hosts on one switch, three for racks. Each level's bandwidth is one flow's (the probe times
+pairs that share a host one at a time); where the probe also timed a group's ranks all at
+once (``Links.concurrent_gbps``), their per-flow share of it is the level's
+``links_per_rank`` (0.5: two ranks share one uplink), so the model sees the sharing.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from probes.links import tiers
 
 from .cluster import Cluster, Level
 
@@ -49,8 +58,11 @@ def calibrate(source: Any, hosts: Sequence[int] | None = None, memory_gbs: float
     ``source`` is a ``Cluster`` (returned as is), a mapping or object with
     ``bandwidth_gbs`` and ``latency_us`` n×n matrices (``probes.links.measure``'s result,
     or a ``Topology`` whose ``links`` holds one), or a ``(bandwidth, latency)`` pair of
-    matrices. ``hosts`` (host index per rank) splits pairs into within-host and
-    between-host levels; without it, a ``Topology``'s layout is used when it has one.
+    matrices. ``hosts`` (host index per rank) gives the innermost tier; the outer ones are
+    found in the bandwidth between hosts (``probes.links.tiers``), one level each. Without
+    ``hosts``, a ``Topology``'s layout is used when it has one. A ``concurrent_gbps``
+    matrix next to the bandwidth (``probes.links.measure``) sets each outer level's
+    ``links_per_rank``; without one, every rank is taken to have a link of its own.
     """
     if isinstance(source, Cluster):
         return source
@@ -64,23 +76,65 @@ def calibrate(source: Any, hosts: Sequence[int] | None = None, memory_gbs: float
     if bw is None or lat is None:
         raise ValueError("calibration: need a bandwidth (GB/s) and a latency (µs) matrix "
                          "(probes.links.measure), a (bandwidth, latency) pair or a Cluster")
+    raw = _get(holder, "concurrent_gbps")
+    conc = _matrix(raw) if raw is not None and len(raw) else None
     n = bw.shape[0]
     if hosts is None:
         hosts = _topology_hosts(source, n)
     hosts = list(hosts) if hosts is not None and len(hosts) == n else [0] * n
+    if conc is not None and conc.shape != bw.shape:
+        conc = None
     off = ~np.eye(n, dtype=bool)
-    same = np.array([[hosts[i] == hosts[j] for j in range(n)] for i in range(n)]) & off
-    cross = off & ~same
     mem = memory_gbs if memory_gbs is not None else measure_memory_gbs()
     over = overhead_us if overhead_us is not None else 0.5 * _median(lat[off], 10.0)
-    per_host = max(1, n // max(1, len(set(hosts))))
-    levels = [Level("host", per_host if cross.any() else n, _median(bw[same], 1.0),
-                    max(0.0, _median(lat[same], 1.0) - over), 1.0, True, "measured")]
-    if cross.any():
-        levels.append(Level("network", n // per_host, _median(bw[cross], 1.0),
-                            max(0.0, _median(lat[cross], 1.0) - over), 1.0, True, "measured"))
+    groups = _nested_tiers(bw, hosts)
+    if groups is None:  # tiers that the model cannot number contiguously: host / network
+        same = np.array([[hosts[i] == hosts[j] for j in range(n)] for i in range(n)]) & off
+        per_host = max(1, n // max(1, len(set(hosts))))
+        groups = [[r // per_host for r in range(n)], [0] * n] if (off & ~same).any() \
+            else [[0] * n]
+    levels = []
+    outer = len(groups) - 1
+    for t, tier in enumerate(groups):
+        inner = groups[t - 1] if t else list(range(n))
+        # Pairs whose nearest common group is this tier's.
+        mask = np.array([[tier[i] == tier[j] and inner[i] != inner[j] for j in range(n)]
+                         for i in range(n)]) & off
+        units = len({inner[r] for r in range(n) if tier[r] == tier[0]}) if t else \
+            sum(1 for r in range(n) if tier[r] == tier[0])
+        share = 1.0
+        below = sum(1 for r in range(n) if inner[r] == inner[0]) if t else 1
+        if conc is not None and t:
+            ratios = [conc[i, j] / bw[i, j] for i in range(n) for j in range(n)
+                      if mask[i, j] and np.isfinite(conc[i, j]) and np.isfinite(bw[i, j])
+                      and bw[i, j] > 0]
+            if ratios:
+                share = float(min(1.0, max(1.0 / below, float(np.median(ratios)))))
+        label = "host" if t == 0 else ("network" if outer == 1 else f"tier{t}")
+        levels.append(Level(label, max(1, units), _median(bw[mask], 1.0),
+                            max(0.0, _median(lat[mask], 1.0) - over), share, True, "measured"))
     return Cluster(name=name, levels=tuple(levels), memory_gbs=mem, overhead_us=over,
-                   description="calibrated from measured links")
+                   description=f"calibrated from measured links ({len(levels)} tiers)")
+
+
+def _nested_tiers(bw: np.ndarray, hosts: Sequence[int]) -> list[list[int]] | None:
+    """``probes.links.tiers`` of the matrix when every tier's groups are equal-sized runs of
+    consecutive ranks (the model numbers each group contiguously), else ``None`` (ranks of
+    a host placed round-robin, hosts of unequal size)."""
+    n = len(hosts)
+    found = tiers(bw.tolist(), hosts)
+    out = []
+    for tier in found:
+        sizes = []
+        start = 0
+        for r in range(1, n + 1):
+            if r == n or tier[r] != tier[start]:
+                sizes.append(r - start)
+                start = r
+        if len(set(sizes)) != 1 or len(sizes) != len(set(tier)):
+            return None
+        out.append(list(tier))
+    return out
 
 
 def _median(values: np.ndarray, default: float) -> float:

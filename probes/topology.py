@@ -207,6 +207,10 @@ class Links:
     message_bytes: int = 0
     small_bytes: int = 0
     repetitions: int = 0
+    #: Per-flow bandwidth (GB/s) of the pairs timed all at once between two groups of
+    #: ranks (two hosts, two racks: ``probes.links.measure``): how much concurrent flows
+    #: of one group share its links. ``None`` where not measured; empty: never measured.
+    concurrent_gbps: tuple[tuple[float | None, ...], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -205,8 +205,11 @@ class Network:
 
     def _add_ns(self, suffix: str) -> str:
         name = self.ns(suffix)
-        _run(["ip", "netns", "add", name])
+        # Recorded before it exists: a signal that ends `ip netns add` (timeout and Ctrl-C
+        # signal the whole process group) or arrives just after it would otherwise leave a
+        # namespace that teardown does not know of. Deleting one never made is harmless.
         self.created.append(name)
+        _run(["ip", "netns", "add", name])
         _run(["ip", "-n", name, "link", "set", "lo", "up"])
         return name
 
@@ -264,9 +267,22 @@ class Network:
                 f.write(table)
 
     def teardown(self) -> None:
-        """Remove every namespace this network created (and so its veths and processes)."""
-        made, self.created = list(self.created), []
+        """Remove every namespace this network created (and so its veths and processes),
+        with SIGINT/SIGTERM/SIGHUP held back until it is done: a second signal must not cut
+        it short. Also removes any other namespace of this run's prefix (belt and braces:
+        the prefix holds this process's id, so no live run owns another one of them)."""
+        held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
         try:
-            remove_namespaces(made[::-1])
+            made, self.created = list(self.created), []
+            mine = f"{PREFIX}-{self.run_id}-"
+            present = namespaces()
+            made += [n for n in present if n.startswith(mine) and n not in made]
+            try:
+                remove_namespaces([n for n in made[::-1] if n in present])
+            finally:
+                stale = [n for n in os.listdir(ETC_NETNS) if n.startswith(mine)] \
+                    if os.path.isdir(ETC_NETNS) else []
+                remove_hosts_files(sorted({h.namespace for h in self.hosts} | set(stale)))
         finally:
-            remove_hosts_files([h.namespace for h in self.hosts])
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)

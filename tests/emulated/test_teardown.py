@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import RINGTUNE, ROOT, emulate, emulate_cmd, netns_list, worker
+from .conftest import RINGTUNE, ROOT, cluster, emulate, emulate_cmd, netns_list, worker
 
 
 def _alive(pid: int) -> bool:
@@ -84,3 +84,33 @@ def test_cleanup_with_nothing_left() -> None:
                          text=True, timeout=60)
     assert res.returncode == 0 and "nothing to clean up" in res.stderr, res.stderr
     assert os.path.isdir("/run/ringtune-emulate")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_during_setup_leaves_nothing(sig: int) -> None:
+    """``timeout`` and Ctrl-C signal emulate's whole process group, the ``ip`` it runs at
+    that moment included: at any moment of the set-up, nothing may be left behind (a
+    namespace whose ``ip netns add`` was under way used to be). The signal is sent at
+    several delays after the first namespace appears, while the racks' 7 namespaces and
+    their links are being built."""
+    for delay in (0.0, 0.03, 0.06, 0.1, 0.15, 0.25):
+        proc = subprocess.Popen(
+            [*RINGTUNE, "emulate", "--cluster", cluster("2r2x1"), "--", "sleep", "100"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, start_new_session=True)
+        mine = f"rtemu-{proc.pid}-"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None and not any(
+                n.startswith(mine) for n in netns_list()):
+            time.sleep(0.005)
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(delay)
+        os.killpg(proc.pid, sig)
+        _, err = proc.communicate(timeout=30)
+        # 130/143: the handler saw the signal first; 1: the `ip` it killed failed the
+        # set-up first (both are an ended run; what matters is what is left).
+        assert proc.returncode in (1, 130, 143), (delay, proc.returncode, err)
+        left = [n for n in netns_list() if n.startswith(mine)]
+        assert not left, f"signal {delay} s into set-up left {left}: {err}"
+        etc = Path("/etc/netns")
+        assert not (etc.is_dir() and [p for p in etc.iterdir() if p.name.startswith(mine)])
