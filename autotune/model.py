@@ -240,7 +240,8 @@ class Model:
     def rhd_phase(self, stride: int, d: int, region: np.ndarray, reduce: bool,
                   native: bool = False) -> np.ndarray:
         """Recursive halving (``reduce``) or doubling along a dimension; ``native``: with the
-        library's per-message cost and reduction rate (MPICH's own halving/doubling)."""
+        library's per-message cost, reduction rate and partner order (MPICH's own
+        halving/doubling)."""
         if d <= 1:
             return np.zeros_like(region)
         over = self.native_over if native else self.over
@@ -249,13 +250,19 @@ class Model:
         if d > p:  # fold in (reduce-scatter) or out (all-gather): whole region, one message
             t = self.step(self._pair_terms(stride, d, "fold", 0), region) + over
             total += t + (self.reduce_time(region, native) if reduce else 0.0)
+        # Which partner gets the large pieces: ringtune's ``rhd`` halves with the farthest
+        # partner first (mask p/2: half the region crosses the outermost level), MPICH's
+        # Rabenseifner with the nearest (MPIR_Allreduce_intra_reduce_scatter_allgather: mask
+        # 1, 2, … in the reduce-scatter, the mirror in the all-gather), so on a tiered
+        # network its large pieces stay inside a host and only 1/p of the region crosses out.
+        masks = [1 << k for k in range(p.bit_length() - 1)]
+        if not native:
+            masks.reverse()
         part = region.copy()
-        mask = p >> 1
-        while mask:
+        for mask in masks:
             part = part / 2
             t = self.step(self._pair_terms(stride, d, "mask", mask), part) + 2 * over
             total += t + (self.reduce_time(part, native) if reduce else 0.0)
-            mask >>= 1
         return total
 
     def native_allreduce(self, stride: int, d: int, region: np.ndarray) -> np.ndarray:
