@@ -79,7 +79,7 @@ def test_staged_transport_without_its_waits_delivers_wrong_data(
     from mpi4py import MPI
 
     from collectives.cuda.ops import CudaOps
-    from collectives.cuda.transports import StagedTransport
+    from collectives.cuda.staged import StagedTransport
     from collectives.registry import get_backend
 
     be: Any = get_backend("cupy")
@@ -143,7 +143,7 @@ def test_nccl_transport_without_its_wait_delivers_wrong_data(
     from collectives import Communicator
     from collectives.bench import expected_result, fill_input
     from collectives.cuda import available_transports
-    from collectives.cuda.transports import _NcclLink
+    from collectives.cuda.nccl import NcclLink
 
     from .conftest import agree
 
@@ -166,7 +166,7 @@ def test_nccl_transport_without_its_wait_delivers_wrong_data(
 
     c = Communicator(world)
     ok = all(world.allgather(all(correct(c, seed) for seed in range(4))))
-    monkeypatch.setattr(_NcclLink, "_enter", lambda self: None)
+    monkeypatch.setattr(NcclLink, "_enter", lambda self: None)
     c.clear_plans()
     broken = all(world.allgather(all(correct(c, seed) for seed in range(4))))
     c.close()

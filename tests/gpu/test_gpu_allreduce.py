@@ -166,7 +166,8 @@ def test_transports_move_data_to_self() -> None:
     import cupy
 
     from collectives.cuda import nccl_status
-    from collectives.cuda.transports import NcclTransport, StagedTransport
+    from collectives.cuda.nccl import NcclTransport
+    from collectives.cuda.staged import StagedTransport
     from collectives.registry import get_backend
 
     be: Any = get_backend("cupy")

@@ -274,21 +274,26 @@ def without_machine_nccl() -> None:
     """Keep this machine's NCCL out of these tests: where CuPy, a GPU and NCCL are installed,
     a transport built without ``nccl=`` would load the real library and hand it the fake
     backend's host pointers. ``FakeNccl`` is the only NCCL here."""
-    import collectives.cuda.transports as transports
+    import collectives.cuda.nccl as nccl
+    import collectives.cuda.staged as staged
 
-    transports.load_nccl = lambda: (None, "NCCL is simulated by FakeNccl in these tests")
+    for module in (nccl, staged):
+        module.load_nccl = lambda: (None, "NCCL is simulated by FakeNccl in these tests")
 
 
 @pytest.fixture(autouse=True)
 def _no_machine_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
-    import collectives.cuda.transports as transports
+    import collectives.cuda.nccl as nccl
+    import collectives.cuda.staged as staged
 
-    monkeypatch.setattr(transports, "load_nccl",
-                        lambda: (None, "NCCL is simulated by FakeNccl in these tests"))
+    for module in (nccl, staged):
+        monkeypatch.setattr(module, "load_nccl",
+                            lambda: (None, "NCCL is simulated by FakeNccl in these tests"))
 
 
 def make(kind: str, comm: Any, ops: FakeOps, backend: FakeBackend, piece: int = 64) -> Any:
-    from collectives.cuda.transports import NcclTransport, StagedTransport
+    from collectives.cuda.nccl import NcclTransport
+    from collectives.cuda.staged import StagedTransport
 
     if kind == "staged":
         return StagedTransport(comm, backend, ops=ops, piece_bytes=piece)
@@ -358,7 +363,7 @@ def test_staged_recv_does_not_overwrite_data_still_being_reduced(self_comm: Any)
 
 
 def test_pinned_pool_reuses_buffers_only_after_their_copies() -> None:
-    from collectives.cuda.transports import _PinnedPool
+    from collectives.cuda.staged import _PinnedPool
 
     ops = FakeOps()
     pool = _PinnedPool(ops)
@@ -377,7 +382,7 @@ def test_pinned_pool_reuses_buffers_only_after_their_copies() -> None:
 
 
 def test_pieces_cover_messages() -> None:
-    from collectives.cuda.transports import pieces
+    from collectives.cuda.staged import pieces
 
     assert pieces(0, 4) == [(0, 0)]
     assert pieces(10, 4) == [(0, 4), (4, 4), (8, 2)]
