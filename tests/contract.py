@@ -190,6 +190,37 @@ def run_configs(comm: Any, cfgs: list[Config], setup: Setup = Setup(), density: 
     return fails
 
 
+class DirectRunner:
+    """``Communicator.allreduce``'s contract straight on a transport built by hand (no
+    registry, no profile): for transports over a simulated GPU whose backend is this
+    rank's own object. ``avg`` divides after the sum, as the communicator does."""
+
+    def __init__(self, comm: Any, backend: Any, transport: Any) -> None:
+        from collectives.algorithms import Context
+
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.backend = backend
+        self.ctx = Context(comm=comm, backend=backend, transport=transport,
+                           hosts=(0,) * self.size, world_ranks=tuple(range(self.size)))
+
+    def allreduce(self, buf: Any, op: str = "sum", algorithm: str | None = None,
+                  transport: str | None = None, **params: Any) -> Any:
+        from collectives.algorithms import get_algorithm
+
+        cls = get_algorithm(algorithm or "multiring")
+        checked = cls.check_params(params, self.size)
+        cls(self.ctx, int(buf.size), str(buf.dtype), "sum" if op == "avg" else op,
+            checked).run(buf)
+        if op == "avg":
+            self.backend.divide(buf, self.size)
+        self.backend.synchronize()
+        return buf
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
 def communicator(world: Any, kind: str) -> tuple[Any, str]:
     """The communicator of ``kind`` over ``world`` (mpi4py or in-process) and a label.
     ``split``: ranks of even and odd world rank form two groups, each ranked in reverse

@@ -72,6 +72,9 @@ class _World:
         self.failed: str | None = None
         #: World rank -> what it is blocked on now (named in a timeout's message).
         self.waiting: dict[int, str] = {}
+        #: World rank -> work to drive while that rank is blocked (``set_progress``).
+        self.progress: dict[int, Callable[[], object]] = {}
+        self.in_progress: set[int] = set()
 
     def fail(self, line: str) -> None:
         with self.lock:
@@ -85,7 +88,11 @@ class _World:
         when another rank failed."""
         deadline = time.monotonic() + self.timeout
         cv = self.cv[world_rank]
+        outer = self.waiting.get(world_rank)
         self.waiting[world_rank] = what
+        progress = self.progress.get(world_rank)
+        if world_rank in self.in_progress:
+            progress = None  # a wait inside the progress work itself: plain blocking
         try:
             while not ready():
                 if self.failed is not None:
@@ -100,9 +107,24 @@ class _World:
                         f"rank {world_rank}: no progress for {self.timeout:g} s waiting for "
                         f"{what} (a deadlock, or a peer that never posted the matching "
                         f"call){'; meanwhile ' + others if others else ''}")
-                cv.wait(left)
+                if progress is None:
+                    cv.wait(left)
+                    continue
+                cv.wait(min(left, 0.002))
+                # Drive this rank's simulated device outside the lock: its queued work may
+                # post messages or wait for peers itself.
+                self.in_progress.add(world_rank)
+                self.lock.release()
+                try:
+                    progress()
+                finally:
+                    self.lock.acquire()
+                    self.in_progress.discard(world_rank)
         finally:
-            del self.waiting[world_rank]
+            if outer is None:
+                del self.waiting[world_rank]
+            else:
+                self.waiting[world_rank] = outer
 
 
 def _as_bytes(spec: Any) -> np.ndarray:
@@ -304,6 +326,19 @@ class InprocComm:
 
     def Abort(self, code: int = 1) -> None:  # noqa: N802 - mpi4py's name
         raise RuntimeError(f"rank {self.world_rank}: Abort({code}) on communicator {self.name}")
+
+
+def set_progress(comm: InprocComm, fn: Callable[[], object] | None) -> None:
+    """Call ``fn`` while this rank is blocked in any wait (``None``: stop). A simulated GPU
+    progresses only when its host polls it, where a real one runs on its own: a rank
+    blocked on a peer that waits for this rank's queued device work would otherwise hang
+    the simulation though the code is right."""
+    world = comm.world
+    with world.lock:
+        if fn is None:
+            world.progress.pop(comm.world_rank, None)
+        else:
+            world.progress[comm.world_rank] = fn
 
 
 class _InprocPending(Pending):
