@@ -17,7 +17,8 @@ tomorrow is tested here with its defaults without an edit; its module may add fa
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import product
 from typing import Any
@@ -240,6 +241,23 @@ def release(comm: Any, kind: str) -> None:
     """Free a communicator made by ``communicator`` (the world stays)."""
     if kind != "world":
         comm.Free()
+
+
+@contextmanager
+def communicator_of(world: Any, kind: str, topology: Callable[[int], Any] | None = None,
+                    ) -> Iterator[tuple[Any, str]]:
+    """A ``collectives.Communicator`` over the communicator of ``kind`` (``communicator``)
+    and its label; closed and freed on exit. ``topology(size)`` gives the communicator its
+    topology instead of probing. Collective over ``world``."""
+    from collectives import Communicator
+
+    mpi_comm, label = communicator(world, kind)
+    c = Communicator(mpi_comm, topology=topology(mpi_comm.Get_size()) if topology else None)
+    try:
+        yield c, label
+    finally:
+        c.close()
+        release(mpi_comm, kind)
 
 
 # -- properties beyond single calls (every runner) -----------------------------------------

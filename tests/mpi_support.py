@@ -8,7 +8,7 @@ the next collective.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -36,3 +36,35 @@ def agree(failures: Iterable[str], comm: Any = None, limit: int = 8) -> None:
     lines = [f"rank {r}: {msg}" for r, msgs in enumerate(everyone) for msg in msgs]
     if lines:
         pytest.fail("\n".join(lines[:limit]), pytrace=False)
+
+
+def find_processes(env: Sequence[str] = (), cmdline: Sequence[str] = (),
+                   live: bool = True) -> list[int]:
+    """Pids of the processes (``/proc``) whose environment holds every ``NAME=value`` of
+    ``env`` and whose command line has every word of ``cmdline`` as one of its arguments;
+    ``live``: not zombies. For tests that find the ranks a run launched
+    (``PMI_RANK=1``) or check that none is left behind; a process that ends while being
+    read is skipped."""
+    want_env = [e.encode() for e in env]
+    want_cmd = [c.encode() for c in cmdline]
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                environ = fh.read().split(b"\0")
+            args: list[bytes] = []
+            if want_cmd:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    args = fh.read().split(b"\0")
+            state = b""
+            if live:
+                with open(f"/proc/{pid}/stat", "rb") as fh:
+                    state = fh.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if (all(e in environ for e in want_env) and state != b"Z"
+                and all(c in args for c in want_cmd)):
+            found.append(int(pid))
+    return found

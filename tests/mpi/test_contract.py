@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from collectives import Communicator
 from collectives.ops import DTYPES, OPS
 
 from .. import contract
@@ -28,12 +27,8 @@ from .conftest import WORLD, agree
 @pytest.fixture(params=contract.COMM_KINDS)
 def kind_comm(request: pytest.FixtureRequest) -> Any:
     """A ``Communicator`` over the world, a ``Dup()`` or a ``Split()`` of it."""
-    kind = request.param
-    mpi_comm, label = contract.communicator(WORLD, kind)
-    c = Communicator(mpi_comm)
-    yield c, kind, label
-    c.close()
-    contract.release(mpi_comm, kind)
+    with contract.communicator_of(WORLD, request.param) as (c, label):
+        yield c, request.param, label
 
 
 @pytest.mark.parametrize("algo", contract.contract_algorithms())

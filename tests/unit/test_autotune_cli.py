@@ -23,6 +23,8 @@ import yaml
 
 from collectives.profile import load_profile
 
+from ..mpi_support import find_processes
+
 RINGTUNE = [sys.executable, "-m", "ringtune.cli"]
 SLOW = ["--algorithms", "native,sleep", "--sampler", "grid", "--no-progress"]
 BUCKETS = ["--buckets", "1K,4K,16K"]
@@ -198,19 +200,11 @@ def test_sigkill_of_a_rank_then_resume(tmp_path: Any, reference: dict[str, Any])
 
 def _rank_pid(out: str, rank: int) -> int:
     """The pid of the MPI process of ``rank`` in the run writing ``out``."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read().split(b"\0")
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if out.encode() in cmd and b"ringtune.cli" in cmd and f"PMI_RANK={rank}".encode() in env:
-            return int(pid)
-    raise AssertionError(f"no rank {rank} process found for {out}")
+    found = find_processes(env=[f"PMI_RANK={rank}"], cmdline=[out, "ringtune.cli"],
+                           live=False)
+    if not found:
+        raise AssertionError(f"no rank {rank} process found for {out}")
+    return found[0]
 
 
 def test_hanging_candidate_is_retried_once_then_ruled_out(tmp_path: Any) -> None:

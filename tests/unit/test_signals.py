@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from ..mpi_support import find_processes
+
 RINGTUNE = [sys.executable, "-m", "ringtune.cli"]
 MARK = "RINGTUNE_TEST_MARK"
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,22 +60,8 @@ def _env(mark: str) -> dict[str, str]:
 
 def _marked(mark: str, rank: int | None = None) -> list[int]:
     """Live (not zombie) processes whose environment carries ``mark`` (and ``rank``)."""
-    needle = f"{MARK}={mark}".encode()
-    rank_var = f"PMI_RANK={rank}".encode() if rank is not None else None
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                state = fh.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env and state != b"Z" and (rank_var is None or rank_var in env):
-            found.append(int(pid))
-    return found
+    env = [f"{MARK}={mark}"] + ([f"PMI_RANK={rank}"] if rank is not None else [])
+    return find_processes(env=env)
 
 
 def _left_behind(mark: str, within: float = 3.0) -> list[str]:
