@@ -243,6 +243,20 @@ def release(comm: Any, kind: str) -> None:
         comm.Free()
 
 
+def kind_comm_fixture(world: Callable[[], Any]) -> Any:
+    """A pytest fixture, parametrised over ``COMM_KINDS``, giving ``(Communicator, kind,
+    label)`` over the communicator of each kind of ``world()`` (for the MPI runners; bind
+    it to a module-level name ``kind_comm``)."""
+    import pytest
+
+    @pytest.fixture(params=COMM_KINDS)
+    def kind_comm(request: Any) -> Iterator[tuple[Any, str, str]]:
+        with communicator_of(world(), request.param) as (c, label):
+            yield c, request.param, label
+
+    return kind_comm
+
+
 @contextmanager
 def communicator_of(world: Any, kind: str, topology: Callable[[int], Any] | None = None,
                     ) -> Iterator[tuple[Any, str]]:

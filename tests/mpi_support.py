@@ -68,3 +68,31 @@ def find_processes(env: Sequence[str] = (), cmdline: Sequence[str] = (),
                 and all(c in args for c in want_cmd)):
             found.append(int(pid))
     return found
+
+
+def tuning_trials(db: str | os.PathLike[str], *attrs: str) -> list[tuple[Any, ...]]:
+    """(study, number, state, config key, then the JSON value of each user attribute in
+    ``attrs``) of every trial in a tuning run's Optuna SQLite storage; ``[]`` while the
+    file or its tables do not exist yet (the run is starting). For tests that follow a
+    ``ringtune tune`` run from outside."""
+    import json
+    import sqlite3
+
+    if not os.path.exists(db):
+        return []
+    names = ("config", *attrs)
+    columns = ", ".join(
+        "(SELECT value_json FROM trial_user_attributes a "
+        f"WHERE a.trial_id = t.trial_id AND a.key = '{name}')" for name in names)
+    con = sqlite3.connect(db, timeout=10)
+    try:
+        rows = con.execute(
+            f"SELECT s.study_name, t.number, t.state, {columns} "
+            "FROM trials t JOIN studies s ON s.study_id = t.study_id").fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        con.close()
+    return [(s, n, st, json.loads(c)["key"] if c else None,
+             *(json.loads(v) if v else None for v in rest))
+            for s, n, st, c, *rest in rows]

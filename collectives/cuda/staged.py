@@ -219,6 +219,12 @@ class StagedTransport(Transport):
             fifo.popleft()
             sp.req = self._isend([sp.host[:sp.n], self._byte], sp.dst, sp.tag)
 
+    def _staging(self, arr: Any) -> list[tuple[int, np.ndarray, int]]:
+        """(device address, pinned buffer, bytes) of each piece of a message."""
+        base = self.ops.ptr(arr)
+        return [(base + off, self.pool.get(n), n)
+                for off, n in pieces(byte_size(arr), self.piece)]
+
     def start(self, sends: Sequence[tuple[Any, int, int]],
               recvs: Sequence[tuple[Any, int, int]]) -> Pending:
         ops = self.ops
@@ -229,19 +235,15 @@ class StagedTransport(Transport):
             # Copies up must not overwrite what reductions queued so far still read.
             ops.wait(self.h2d_stream, ready)
             for arr, src, tag in recvs:
-                base = ops.ptr(arr)
-                for off, n in pieces(byte_size(arr), self.piece):
-                    host = self.pool.get(n)
+                for dev, host, n in self._staging(arr):
                     req = self._irecv([host[:n], self._byte], src, tag)
-                    pend.recvs.append(_RecvPiece(req, host, base + off, n))
+                    pend.recvs.append(_RecvPiece(req, host, dev, n))
         if sends:
             # Copies down read data the backend's stream produced.
             ops.wait(self.d2h_stream, ready)
             for arr, dst, tag in sends:
-                base = ops.ptr(arr)
-                for off, n in pieces(byte_size(arr), self.piece):
-                    host = self.pool.get(n)
-                    ops.d2h(host, base + off, n, self.d2h_stream)
+                for dev, host, n in self._staging(arr):
+                    ops.d2h(host, dev, n, self.d2h_stream)
                     ev = ops.new_event()
                     ops.record(ev, self.d2h_stream)
                     sp = _SendPiece(ev, host, n, dst, tag)

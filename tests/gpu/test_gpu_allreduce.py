@@ -55,11 +55,8 @@ def comm() -> Any:
     c.close()
 
 
-@pytest.fixture(params=contract.COMM_KINDS)
-def kind_comm(request: pytest.FixtureRequest) -> Any:
-    """A ``Communicator`` over the world, a ``Dup()`` or a ``Split()`` of it."""
-    with contract.communicator_of(WORLD, request.param) as (c, label):
-        yield c, request.param, label
+#: (Communicator, kind, label) over the world, a ``Dup()`` and a ``Split()`` of it.
+kind_comm = contract.kind_comm_fixture(lambda: WORLD)
 
 
 @pytest.mark.parametrize("algo", contract.contract_algorithms())

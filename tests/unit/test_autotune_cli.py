@@ -9,10 +9,8 @@ interrupted midway and a hang can be provoked on purpose. Each test asserts corr
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -23,7 +21,7 @@ import yaml
 
 from collectives.profile import load_profile
 
-from ..mpi_support import find_processes
+from ..mpi_support import find_processes, tuning_trials
 
 RINGTUNE = [sys.executable, "-m", "ringtune.cli"]
 SLOW = ["--algorithms", "native,sleep", "--sampler", "grid", "--no-progress"]
@@ -51,22 +49,9 @@ def _start(out: str, *extra: str) -> subprocess.Popen[str]:
                             text=True, start_new_session=True)
 
 
-def _trials(db: str) -> list[tuple[str, int, str, str | None]]:
+def _trials(db: str) -> list[tuple[Any, ...]]:
     """(study, number, state, key) of every trial in the SQLite storage."""
-    if not os.path.exists(db):
-        return []
-    con = sqlite3.connect(db, timeout=10)
-    try:
-        rows = con.execute(
-            "SELECT s.study_name, t.number, t.state, "
-            "(SELECT value_json FROM trial_user_attributes a "
-            " WHERE a.trial_id = t.trial_id AND a.key = 'config') "
-            "FROM trials t JOIN studies s ON s.study_id = t.study_id").fetchall()
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        con.close()
-    return [(s, n, st, json.loads(c)["key"] if c else None) for s, n, st, c in rows]
+    return tuning_trials(db)
 
 
 def _complete(db: str) -> set[tuple[str, int, str | None]]:

@@ -14,7 +14,6 @@ from the test-only ``sleep`` algorithm (see ``tests/unit/test_autotune_cli.py``)
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -28,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from ..mpi_support import find_processes
+from ..mpi_support import find_processes, tuning_trials
 
 RINGTUNE = [sys.executable, "-m", "ringtune.cli"]
 MARK = "RINGTUNE_TEST_MARK"
@@ -101,25 +100,9 @@ def _ended(proc: subprocess.Popen[bytes], mark: str, timeout: float = 30) -> int
         raise AssertionError("the command did not end after the signal") from None
 
 
-def _trials(db: Path) -> list[tuple[str, int, str, str | None, bool]]:
+def _trials(db: Path) -> list[tuple[Any, ...]]:
     """(study, number, state, config key, marked interrupted) of every trial."""
-    if not db.exists():
-        return []
-    con = sqlite3.connect(db, timeout=10)
-    try:
-        rows = con.execute(
-            "SELECT s.study_name, t.number, t.state, "
-            "(SELECT value_json FROM trial_user_attributes a "
-            " WHERE a.trial_id = t.trial_id AND a.key = 'config'), "
-            "(SELECT value_json FROM trial_user_attributes a "
-            " WHERE a.trial_id = t.trial_id AND a.key = 'interrupted') "
-            "FROM trials t JOIN studies s ON s.study_id = t.study_id").fetchall()
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        con.close()
-    return [(s, n, st, json.loads(c)["key"] if c else None, bool(i))
-            for s, n, st, c, i in rows]
+    return [(*t[:4], bool(t[4])) for t in tuning_trials(db, "interrupted")]
 
 
 def _finished(db: Path) -> set[tuple[str, int, str | None]]:
