@@ -277,7 +277,8 @@ class InprocComm:
                     world.cv[r].notify_all()
             world.wait_for(self.world_rank, lambda: len(slot) >= self.size,
                            f"{what} on communicator {self.name} (ranks "
-                           f"{sorted(set(range(self.size)) - set(slot))} have not called it)")
+                           f"{sorted(set(range(self.size)) - set(slot))} had not called it "
+                           "when this one did)")
             out = [slot[r] for r in range(self.size)]
             # The last rank to read frees the slot (counted under a key no rank uses).
             slot[-1] = slot.get(-1, 0) + 1
@@ -297,9 +298,9 @@ class InprocComm:
     barrier = Barrier
 
     def allreduce(self, value: Any, op: Any = "sum") -> Any:
-        parts = self._collective(value, "allreduce")
-        return _reduce([np.asarray(p) for p in parts], op).item() if np.isscalar(
-            parts[0]) else _reduce([np.asarray(p) for p in parts], op)
+        """Reduce a number or an array over the ranks (in rank order)."""
+        out = _reduce([np.asarray(p) for p in self._collective(value, "allreduce")], op)
+        return out.item() if np.isscalar(value) else out
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = "sum") -> None:  # noqa: N802
         arr = recvbuf[0] if isinstance(recvbuf, (list, tuple)) else recvbuf

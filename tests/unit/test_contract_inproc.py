@@ -116,7 +116,7 @@ def test_a_deadlock_fails_with_the_rank_that_waited() -> None:
     text = str(err.value)
     assert "rank 1 waits for a message from rank 0 with tag 7" in text or (
         "rank 1: no progress for 0.5 s waiting for a message from rank 0 with tag 7" in text)
-    assert "Barrier on communicator WORLD (ranks [1] have not called it)" in text
+    assert "Barrier on communicator WORLD (ranks [1] had not called it" in text
 
 
 def test_size_mismatch_and_order_of_messages() -> None:

@@ -201,7 +201,7 @@ def test_every_cupy_and_nccl_call_exists_and_binds() -> None:
     # mpi4py's MPI).
     common = {"cupy": cupy, "self._cupy": cupy, "self._rt": cupy.cuda.runtime,
               "rt": cupy.cuda.runtime}
-    per_file = {"transports.py": {"mod": nccl, "self.mod": nccl},
+    per_file = {"nccl.py": {"mod": nccl, "self.mod": nccl},
                 "detect.py": {"nccl": nccl}}
 
     def aliases_in(file: str) -> dict[str, Any]:
