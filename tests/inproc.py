@@ -20,10 +20,14 @@ algorithm bug); sends are buffered at posting (eager), so a send's buffer may be
 once it is posted. ``native_allreduce`` reduces the ranks' contributions in rank order, so
 every rank gets bitwise the same result.
 
+A simulated device that progresses only when its host polls it (the GPU transports' fake
+streams) can have ``set_progress`` drive it while its rank is blocked, as a real device
+runs on its own.
+
 Deadlock-proof: every blocking wait gives up after ``timeout`` seconds with
-``InprocTimeout`` naming the rank and what it waited for, and a rank that raises wakes the
-others, which then fail with a line naming that rank; ``run_ranks`` raises one
-``AssertionError`` that lists every rank's failure.
+``InprocTimeout`` naming the rank, what it waited for and what every other blocked rank
+waits for; a rank that raises wakes the others, which then fail with a line naming that
+rank; ``run_ranks`` raises one ``AssertionError`` that lists every rank's failure.
 """
 
 from __future__ import annotations

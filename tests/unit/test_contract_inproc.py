@@ -58,12 +58,12 @@ def test_contract_on_world(n: int) -> None:
     _sweep(n, "world", lambda c: _contract(c, dense=n <= 4))
 
 
-@pytest.mark.parametrize("n", [2, 3, 5, 8, 13])
+@pytest.mark.parametrize("n", [3, 8, 13])
 def test_contract_on_dup(n: int) -> None:
     _sweep(n, "dup", _contract)
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 9, 16])
+@pytest.mark.parametrize("n", [2, 5, 7, 16])
 def test_contract_on_split(n: int) -> None:
     """Two groups at once (even and odd world ranks, each in reverse order)."""
     _sweep(n, "split", _contract)
