@@ -1,10 +1,12 @@
-"""GPU support of the runtime: the CuPy backend, the ``staged`` and ``nccl`` transports,
-CUDA-aware MPI detection, and one-rank-per-GPU device binding.
+"""GPU support of the runtime: the CuPy backend, the ``staged`` and ``nccl`` transports
+(one module each: ``collectives.cuda.staged``, ``collectives.cuda.nccl``), CUDA-aware MPI
+detection, and one-rank-per-GPU device binding.
 
 Nothing here imports CuPy until GPU work is asked for: ``CupyBackend`` is loaded on first
 access (``collectives.registry`` does that when a GPU buffer arrives or
 ``get_backend("cupy")`` is called; importing this package registers the backend and the
-transports there), and the probes import CuPy, NCCL or NVML only when called. So
+transports there — each transport module registers itself), and the probes import CuPy,
+NCCL or NVML only when called. So
 ``import collectives`` stays light on machines without a GPU.
 
 Entry points:
@@ -23,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..backend import Backend
-from ..registry import register_backend, register_transport
+from ..registry import register_backend
 from ..transport import Transport
 from .availability import (
     available_transports,
@@ -35,6 +37,9 @@ from .availability import (
 from .binding import DeviceBinding, bind_device, current_binding
 from .detect import cuda_aware_mpi, cuda_aware_reason, nccl_status
 from .errors import GpuError
+from .nccl import make_nccl_transport
+from .peers import require_gpu_backend
+from .staged import make_staged_transport
 
 if TYPE_CHECKING:
     from .backend import CupyBackend
@@ -58,16 +63,12 @@ def make_gpu_transport(name: str, comm: Any, backend: Any) -> Transport:
     """A GPU transport (``staged`` or ``nccl``) over ``comm`` for ``backend``'s buffers.
     Collective over ``comm`` (the set-up agrees on what every rank can do). Raises
     ``GpuError`` naming the rank and the fix when the transport cannot work here."""
-    if not getattr(backend, "on_gpu", False):
-        raise ValueError(f"transport {name!r} moves GPU buffers; host (NumPy) buffers use "
-                         "'mpi'")
-    from .transports import NcclTransport, StagedTransport
-
-    if name == "staged":
-        return StagedTransport(comm, backend)
-    if name == "nccl":
-        return NcclTransport(comm, backend)
-    raise ValueError(f"unknown GPU transport {name!r}: use one of {', '.join(GPU_TRANSPORTS)}")
+    factories = {"staged": make_staged_transport, "nccl": make_nccl_transport}
+    if name not in factories:
+        require_gpu_backend(name, backend)
+        raise ValueError(f"unknown GPU transport {name!r}: use one of "
+                         f"{', '.join(GPU_TRANSPORTS)}")
+    return factories[name](comm, backend)
 
 
 def _load_cupy_backend() -> Backend:
@@ -81,10 +82,9 @@ def _load_cupy_backend() -> Backend:
     return CupyBackend()
 
 
-# This plug-in's registrations (collectives.registry imports the package on demand).
+# This plug-in's backend (collectives.registry imports the package on demand); the
+# transports registered themselves when their modules were imported above.
 register_backend("cupy", _load_cupy_backend)
-register_transport("staged", lambda comm, backend: make_gpu_transport("staged", comm, backend))
-register_transport("nccl", lambda comm, backend: make_gpu_transport("nccl", comm, backend))
 
 
 __all__ = [

@@ -79,7 +79,7 @@ def test_staged_transport_without_its_waits_delivers_wrong_data(
     from mpi4py import MPI
 
     from collectives.cuda.ops import CudaOps
-    from collectives.cuda.transports import StagedTransport
+    from collectives.cuda.staged import StagedTransport
     from collectives.registry import get_backend
 
     be: Any = get_backend("cupy")
@@ -141,10 +141,10 @@ def test_nccl_transport_without_its_wait_delivers_wrong_data(
     from mpi4py import MPI
 
     from collectives import Communicator
-    from collectives.bench import expected_result, fill_input
     from collectives.cuda import available_transports
-    from collectives.cuda.transports import _NcclLink
+    from collectives.cuda.nccl import NcclLink
 
+    from ..results import check_input, mismatches
     from .conftest import agree
 
     world = MPI.COMM_WORLD
@@ -156,17 +156,14 @@ def test_nccl_transport_without_its_wait_delivers_wrong_data(
         right = True
         for algo in ("multiring", "rhd", "hierarchical"):
             for count in (1, 7, 37, 4099):
-                host = np.empty(count, dtype=np.float16)
-                fill_input(host, c.rank, "sum")
-                buf = cupy.asarray(host)
+                buf = cupy.asarray(check_input(count, "float16", "sum", c.rank))
                 c.allreduce(buf, algorithm=algo, transport="nccl")
-                right &= bool(np.array_equal(cupy.asnumpy(buf), expected_result(
-                    count, "float16", "sum", c.size)))
+                right &= not mismatches(cupy.asnumpy(buf), count, "float16", "sum", c.size)
         return right
 
     c = Communicator(world)
     ok = all(world.allgather(all(correct(c, seed) for seed in range(4))))
-    monkeypatch.setattr(_NcclLink, "_enter", lambda self: None)
+    monkeypatch.setattr(NcclLink, "_enter", lambda self: None)
     c.clear_plans()
     broken = all(world.allgather(all(correct(c, seed) for seed in range(4))))
     c.close()

@@ -1,8 +1,9 @@
-"""The allreduce contract on GPU buffers: every registered algorithm × every GPU transport
-available on all ranks, every dtype and op, sizes {0, 1, n−1, n·rings·3+1, 37, large}, tiny
-chunks; closed-form results (``collectives.bench``) and bitwise agreement across ranks.
-Plus the GPU errors: NCCL with two ranks on one GPU, mixed host/GPU buffers under
-``RINGTUNE_CHECK=1``. Works at any world size; skipped without a GPU.
+"""The allreduce contract (``tests/contract.py``) on GPU buffers: every registered algorithm
+and parameter family × every GPU transport available on all ranks, on the world
+communicator (defaults: every size × op, each dtype × op pair at some size), a ``Dup()``
+and a ``Split()`` with non-contiguous ranks; closed-form results and bitwise agreement
+across ranks. Plus the GPU errors: NCCL with two ranks on one GPU, mixed host/GPU buffers
+under ``RINGTUNE_CHECK=1``. Works at any world size; skipped without a GPU.
 
 Run: ``mpiexec -n K python -m mpi4py -m pytest tests/gpu`` (K = 1, 2, …; on a one-GPU
 machine the ranks share the GPU, so NCCL's multi-rank tests skip with that reason while
@@ -11,16 +12,13 @@ machine the ranks share the GPU, so NCCL's multi-rank tests skip with that reaso
 
 from __future__ import annotations
 
-import hashlib
+import os
 from typing import Any
 
 import numpy as np
 import pytest
 
-from collectives.algorithms import algorithm_names
-from collectives.bench import expected_result, fill_input
-from collectives.ops import OPS
-
+from .. import contract
 from .conftest import GPU_OK, agree
 
 WORLD: Any = None
@@ -32,12 +30,21 @@ if GPU_OK:
     N = WORLD.Get_size()
 
 
-def common_transports() -> list[str]:
+def common_transports(comm: Any = None) -> list[str]:
     """GPU transports available on every rank (each rank probes; all must agree to use)."""
     from collectives.cuda import available_transports
 
-    everyone = WORLD.allgather(available_transports())
+    comm = comm if comm is not None else WORLD
+    everyone = comm.allgather(available_transports(comm))
     return [t for t in everyone[0] if all(t in e for e in everyone)]
+
+
+def gpu_setup(transport: str) -> contract.Setup:
+    """Check inputs copied to the GPU, results copied back."""
+    import cupy
+
+    return contract.Setup(transport=transport, upload=cupy.asarray, download=cupy.asnumpy,
+                          label=f"cupy over {transport}")
 
 
 @pytest.fixture(scope="module")
@@ -49,56 +56,50 @@ def comm() -> Any:
     c.close()
 
 
-def _check(comm: Any, algo: str, params: dict[str, Any], transport: str, count: int,
-           dtype: str, op: str) -> list[str]:
-    import cupy
-
-    host = np.empty(count, dtype=dtype)
-    fill_input(host, comm.rank, op)
-    buf = cupy.asarray(host)
-    out = comm.allreduce(buf, op=op, algorithm=algo, transport=transport, **params)
-    got = cupy.asnumpy(buf)
-    fails = [] if out is buf else ["allreduce did not return its buffer"]
-    exp = expected_result(count, dtype, op, comm.size)
-    where = f"{algo} {params} over {transport} count={count} {dtype} {op}"
-    if op == "avg" and dtype.startswith("float"):
-        tol = 1e-2 if dtype == "float16" else 1e-6
-        bad = np.flatnonzero(~np.isclose(got, exp, rtol=tol, atol=0))
-    else:
-        bad = np.flatnonzero(got != exp)
-    if bad.size:
-        i = int(bad[0])
-        fails.append(f"{where}: {bad.size} wrong, first at {i}: expected {exp[i]!r}, "
-                     f"got {got[i]!r}")
-    if len(set(WORLD.allgather(hashlib.sha256(got.tobytes()).hexdigest()))) > 1:
-        fails.append(f"{where}: results differ bitwise across ranks")
-    return fails
+#: (Communicator, kind, label) over the world, a ``Dup()`` and a ``Split()`` of it.
+kind_comm = contract.kind_comm_fixture(lambda: WORLD)
 
 
-CONFIGS: list[tuple[str, dict[str, Any]]] = [(a, {}) for a in algorithm_names()]
-CONFIGS += [("multiring", {"rings": 2, "chunk_bytes": 64}),
-            ("multiring", {"rings": 3, "chunk_bytes": 8, "order": "identity"})]
+SIMULATED = os.environ.get("RINGTUNE_FAKE_GPU") == "1"
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64"])
-def test_contract_small(comm: Any, dtype: str) -> None:
+def gpu_configs(n: int, algo: str) -> list[contract.Config]:
+    """The contract's light families. On the simulated GPU, without hierarchical grids
+    with a ``native`` dimension: the simulation progresses a GPU only while its own host
+    polls it, so a rank blocked in MPI (``staged``'s ring after the grid's native step)
+    while its peer waits for this rank's queued NCCL allreduce hangs there. A real GPU
+    runs it; the in-process sweep of tests/unit/test_cuda_transports.py drives its
+    simulated GPU while blocked and runs these."""
+    cfgs = contract.configs(n, [algo], light=True)
+    if SIMULATED:
+        cfgs = [(a, p) for a, p in cfgs if "native" not in (p.get("inner") or [])]
+    return cfgs
+
+
+@pytest.mark.parametrize("algo", contract.contract_algorithms())
+def test_contract(kind_comm: tuple[Any, str, str], algo: str) -> None:
+    c, kind, label = kind_comm
     fails: list[str] = []
-    for transport in common_transports():
-        for algo, params in CONFIGS:
-            rings = int(params.get("rings", 1))
-            for count in sorted({0, 1, max(N - 1, 0), N * rings * 3 + 1, 37}):
-                for op in OPS:
-                    fails += _check(comm, algo, params, transport, count, dtype, op)
-    agree(fails)
+    for transport in common_transports(c.comm):
+        if kind == "world":
+            # Defaults: every size x op, each (dtype, op) pair at some size (the simulated
+            # GPU is slow: the full product runs on host buffers, tests/mpi).
+            fails += contract.run_configs(c, gpu_configs(c.size, algo), gpu_setup(transport),
+                                          density="ops", family_density="sparse")
+        else:
+            fails += contract.run_configs(c, gpu_configs(c.size, algo), gpu_setup(transport),
+                                          density="sparse")
+    agree([f"{label}: {line}" for line in fails])
 
 
 def test_contract_large_with_chunks(comm: Any) -> None:
     fails: list[str] = []
     for transport in common_transports():
-        for algo, params in [(a, {}) for a in algorithm_names()] + [
+        for algo, params in [(a, {}) for a in contract.contract_algorithms()] + [
                 ("multiring", {"rings": 4, "chunk_bytes": 1 << 16})]:
             for dtype, op in (("float32", "sum"), ("int64", "max"), ("float16", "avg")):
-                fails += _check(comm, algo, params, transport, (1 << 20) + 3, dtype, op)
+                fails += contract.check_one(comm, algo, params, (1 << 20) + 3, dtype, op,
+                                            gpu_setup(transport))
     agree(fails)
 
 
@@ -107,15 +108,8 @@ def test_default_choice_on_gpu(comm: Any) -> None:
     GPU transport."""
     import cupy
 
-    fails: list[str] = []
-    for count in (5, 1 << 18):
-        host = np.empty(count, dtype=np.float32)
-        fill_input(host, comm.rank, "sum")
-        buf = cupy.asarray(host)
-        comm.allreduce(buf, op="sum")
-        if not np.array_equal(cupy.asnumpy(buf), expected_result(count, "float32", "sum", N)):
-            fails.append(f"default choice wrong for count={count}: {comm.explain(count * 4)}")
-    agree(fails)
+    setup = contract.Setup(upload=cupy.asarray, download=cupy.asnumpy, label="cupy")
+    agree(contract.check_default_choice(comm, setup, counts=(5, 1 << 18)))
 
 
 def test_bfloat16_allreduce_if_supported(comm: Any) -> None:
@@ -128,7 +122,7 @@ def test_bfloat16_allreduce_if_supported(comm: Any) -> None:
         pytest.skip("this CuPy has no bfloat16 (needs CuPy ≥ 14 with ml_dtypes)")
     fails = []
     for transport in common_transports():
-        for algo in algorithm_names():
+        for algo in contract.contract_algorithms():
             buf = cupy.asarray(np.full(1001, comm.rank + 1, dtype=np.float32).astype(
                 be.dtype("bfloat16")))
             comm.allreduce(buf, op="sum", algorithm=algo, transport=transport)
@@ -166,7 +160,8 @@ def test_transports_move_data_to_self() -> None:
     import cupy
 
     from collectives.cuda import nccl_status
-    from collectives.cuda.transports import NcclTransport, StagedTransport
+    from collectives.cuda.nccl import NcclTransport
+    from collectives.cuda.staged import StagedTransport
     from collectives.registry import get_backend
 
     be: Any = get_backend("cupy")

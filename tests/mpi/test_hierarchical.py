@@ -1,9 +1,10 @@
-"""``hierarchical`` with explicit grids and per-dimension algorithms, at any world size.
+"""``hierarchical`` beyond the contract, at any world size.
 
 Run under ``mpiexec -n K python -m mpi4py -m pytest tests/mpi/test_hierarchical.py`` for K in
-1..4. Every verdict is gathered from all ranks before asserting, so all ranks fail alike.
-Inputs encode rank and index so the expected reduction has a closed form that is exact in
-every dtype; random float inputs check that all ranks get bitwise the same result.
+1..4. Every grid family, inner choice, dtype and op is in the allreduce contract
+(``tests/contract.py``, run by ``test_contract.py``); here: large random buffers, the
+defaults, host layouts, bad parameters and the tuner's search space. Checks of results use
+``tests/results.py``; verdicts are gathered from all ranks before asserting.
 """
 
 from __future__ import annotations
@@ -25,87 +26,22 @@ from collectives.algorithms.hierarchical import (
 from collectives.registry import get_backend
 from collectives.transports.mpi import MpiTransport
 
+from ..results import check_input, mismatches
+from .conftest import agree
+
 WORLD = MPI.COMM_WORLD
 N = WORLD.Get_size()
 RANK = WORLD.Get_rank()
-DTYPES = ("float16", "float32", "float64", "int32", "int64")
-OPS = ("sum", "prod", "min", "max")
-
-
-def grids(n: int) -> list[list[int]]:
-    """Every ordered factorisation of n, plus the same with a dimension of size 1."""
-    out = [g for g in factorisations(n)]
-    out += [[1] + g for g in factorisations(n)[:1]] + [factorisations(n)[0] + [1]]
-    return out
-
-
-def inputs(rank: int, count: int, dtype: str, op: str) -> np.ndarray:
-    i = np.arange(count, dtype=np.int64)
-    if op == "prod":
-        # Small factors so that the product over 4 ranks stays exact in float16.
-        vals = (rank * 3 + i) % 3 + 1
-    else:
-        vals = (rank * 31 + i * 7) % 17 - 8
-    return vals.astype(dtype)
-
-
-def expected(count: int, dtype: str, op: str) -> np.ndarray:
-    stack = np.stack([inputs(r, count, dtype, op) for r in range(N)]) if count else None
-    if stack is None:
-        return np.zeros(0, dtype=dtype)
-    f = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max}[op]
-    return f(stack, axis=0).astype(dtype)
-
-
-def agree(problems: list[str]) -> None:
-    """Fail on every rank if any rank found a problem."""
-    everyone = WORLD.allgather(problems)
-    flat = [f"rank {r}: {p}" for r, ps in enumerate(everyone) for p in ps]
-    assert not flat, "; ".join(flat[:5]) + (f" (+{len(flat) - 5} more)" if len(flat) > 5 else "")
 
 
 def check_one(comm: Any, count: int, dtype: str, op: str, params: dict[str, Any]) -> list[str]:
-    buf = inputs(RANK, count, dtype, op)
+    buf = check_input(count, dtype, op, RANK)
     comm.allreduce(buf, op=op, algorithm="hierarchical", **params)
-    want = expected(count, dtype, op)
-    if not np.array_equal(buf, want):
-        bad = int(np.flatnonzero(buf != want)[0])
-        return [f"{params} count={count} {dtype} {op}: index {bad} expected {want[bad]} "
-                f"got {buf[bad]}"]
-    return []
+    return mismatches(buf, count, dtype, op, N, f"hierarchical {params}")
 
 
 def sizes(rings: int) -> list[int]:
     return [0, 1, max(0, N - 1), N * rings * 3 + 1]
-
-
-def test_two_by_two_all_dtypes_and_ops(comm: Any) -> None:
-    """The issue's target: every dtype and op, the 2x2 grid at 4 ranks (the grid whose
-    product is the world elsewhere), small chunks so the multi-chunk path runs."""
-    grid = [2, 2] if N == 4 else factorisations(N)[-1]
-    problems: list[str] = []
-    for rings, inner in ((2, None), (1, ["rhd"] * len(grid)), (1, ["native"] * len(grid))):
-        params = {"dims": grid, "rings": rings, "chunk_bytes": 8, "inner": inner}
-        for count, dtype, op in product(sizes(rings), DTYPES, OPS):
-            problems += check_one(comm, count, dtype, op, params)
-    agree(problems)
-
-
-@pytest.mark.parametrize("inner_kind", ["multiring", "rhd", "native", "mixed"])
-def test_every_grid_and_inner(comm: Any, inner_kind: str) -> None:
-    problems: list[str] = []
-    for grid in grids(N):
-        if inner_kind == "mixed":
-            inner = [("rhd", "multiring", "native")[j % 3] for j in range(len(grid))]
-        else:
-            inner = [inner_kind] * len(grid)
-        for rings in (1, 3):
-            params = {"dims": grid, "rings": rings, "chunk_bytes": 16, "inner": inner}
-            for count, (dtype, op) in product(sizes(rings), (("float32", "sum"),
-                                                             ("int64", "max"),
-                                                             ("float16", "prod"))):
-                problems += check_one(comm, count, dtype, op, params)
-    agree(problems)
 
 
 def test_large_buffer_bitwise_identical(comm: Any) -> None:
@@ -129,10 +65,7 @@ def test_large_buffer_bitwise_identical(comm: Any) -> None:
         if err > 1e-3:
             problems.append(f"{inner}: max error {err} against the float64 sum")
         # Integers must be exact at this size too.
-        ibuf = inputs(RANK, count, "int32", "sum")
-        comm.allreduce(ibuf, algorithm="hierarchical", dims=grid, inner=inner)
-        if not np.array_equal(ibuf, expected(count, "int32", "sum")):
-            problems.append(f"{inner}: int32 sum wrong at {count} elements")
+        problems += check_one(comm, count, "int32", "sum", {"dims": grid, "inner": inner})
     agree(problems)
 
 
@@ -163,10 +96,9 @@ def test_auto_dims_follow_a_multi_host_layout() -> None:
         problems.append(f"auto dims {want_dims} for hosts {hosts}")
     for count, dtype in product((0, 1, N * 5 + 1, 1000), ("float64", "int32")):
         algo = Hierarchical(ctx, count, dtype, "sum", Hierarchical.check_params({}, N))
-        buf = inputs(RANK, count, dtype, "sum")
+        buf = check_input(count, dtype, "sum", RANK)
         algo.run(buf)
-        if not np.array_equal(buf, expected(count, dtype, "sum")):
-            problems.append(f"auto dims, hosts {hosts}, count {count} {dtype}: wrong result")
+        problems += mismatches(buf, count, dtype, "sum", N, f"auto dims, hosts {hosts}")
     agree(problems)
 
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from collectives import AgreementError, Communicator, ProfileError, TopologyMismatchError
-from collectives.bench import expected_result, fill_input
 from collectives.profile import write_profile
 
+from ..results import check_input, mismatches
 from .conftest import WORLD, agree
 
 N = WORLD.Get_size()
@@ -79,11 +79,9 @@ def test_profile_rules_pick_the_algorithm_and_results_are_right(folder: str) -> 
         if plan.algorithm != algo or plan.source != "profile":
             fails.append(f"{nbytes} B: got {plan.algorithm} from {plan.source}, want {algo}")
         count = nbytes // 4
-        buf = np.empty(count, dtype="float32")
-        fill_input(buf, RANK, "sum")
+        buf = check_input(count, "float32", "sum", RANK)
         comm.allreduce(buf)
-        if not np.array_equal(buf, expected_result(count, "float32", "sum", N)):
-            fails.append(f"{nbytes} B via {algo}: wrong result")
+        fails += mismatches(buf, count, "float32", "sum", N, f"{nbytes} B via {algo}")
     line = comm.explain(1 << 18)
     for piece in ("multiring", "rule 2", "[65536..∞]", path, "measured busbw 3.0 GB/s",
                   "native 2.0 GB/s (1.50x native)"):
@@ -151,11 +149,9 @@ def test_profile_for_another_world_size_warns_and_falls_back(folder: str, other:
     if f"built-in defaults (profile {path} set aside: {shape})" not in line:
         fails.append(f"explain: {line}")
     count = 1 << 16
-    buf = np.empty(count, dtype="float32")
-    fill_input(buf, RANK, "sum")
+    buf = check_input(count, "float32", "sum", RANK)
     comm.allreduce(buf)
-    if not np.array_equal(buf, expected_result(count, "float32", "sum", N)):
-        fails.append("wrong result after falling back")
+    fails += mismatches(buf, count, "float32", "sum", N, "after falling back")
     comm.close()
     agree(fails)
 

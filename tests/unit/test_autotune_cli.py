@@ -9,10 +9,8 @@ interrupted midway and a hang can be provoked on purpose. Each test asserts corr
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -22,6 +20,8 @@ import pytest
 import yaml
 
 from collectives.profile import load_profile
+
+from ..mpi_support import find_processes, tuning_trials
 
 RINGTUNE = [sys.executable, "-m", "ringtune.cli"]
 SLOW = ["--algorithms", "native,sleep", "--sampler", "grid", "--no-progress"]
@@ -49,22 +49,9 @@ def _start(out: str, *extra: str) -> subprocess.Popen[str]:
                             text=True, start_new_session=True)
 
 
-def _trials(db: str) -> list[tuple[str, int, str, str | None]]:
+def _trials(db: str) -> list[tuple[Any, ...]]:
     """(study, number, state, key) of every trial in the SQLite storage."""
-    if not os.path.exists(db):
-        return []
-    con = sqlite3.connect(db, timeout=10)
-    try:
-        rows = con.execute(
-            "SELECT s.study_name, t.number, t.state, "
-            "(SELECT value_json FROM trial_user_attributes a "
-            " WHERE a.trial_id = t.trial_id AND a.key = 'config') "
-            "FROM trials t JOIN studies s ON s.study_id = t.study_id").fetchall()
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        con.close()
-    return [(s, n, st, json.loads(c)["key"] if c else None) for s, n, st, c in rows]
+    return tuning_trials(db)
 
 
 def _complete(db: str) -> set[tuple[str, int, str | None]]:
@@ -198,19 +185,11 @@ def test_sigkill_of_a_rank_then_resume(tmp_path: Any, reference: dict[str, Any])
 
 def _rank_pid(out: str, rank: int) -> int:
     """The pid of the MPI process of ``rank`` in the run writing ``out``."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read().split(b"\0")
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if out.encode() in cmd and b"ringtune.cli" in cmd and f"PMI_RANK={rank}".encode() in env:
-            return int(pid)
-    raise AssertionError(f"no rank {rank} process found for {out}")
+    found = find_processes(env=[f"PMI_RANK={rank}"], cmdline=[out, "ringtune.cli"],
+                           live=False)
+    if not found:
+        raise AssertionError(f"no rank {rank} process found for {out}")
+    return found[0]
 
 
 def test_hanging_candidate_is_retried_once_then_ruled_out(tmp_path: Any) -> None:

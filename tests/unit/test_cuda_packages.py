@@ -10,7 +10,7 @@ the fakes of the other unit tests cannot:
   ``benchmarks/bench_gpu.py`` names something the installed package has, and binds to its
   signature (found from the source by AST, so a new call is checked without editing this
   file);
-* NCCL's datatype and op values equal the fallback table of ``collectives.cuda.transports``,
+* NCCL's datatype and op values equal the fallback table of ``collectives.cuda.nccl``,
   and NCCL's version is read and printed the way ``load_nccl`` does;
 * every reduction kernel compiles with NVRTC as CuPy compiles it: the raw kernels as they
   are, the float16/bfloat16 ``ElementwiseKernel`` bodies inside the code CuPy generates
@@ -201,7 +201,7 @@ def test_every_cupy_and_nccl_call_exists_and_binds() -> None:
     # mpi4py's MPI).
     common = {"cupy": cupy, "self._cupy": cupy, "self._rt": cupy.cuda.runtime,
               "rt": cupy.cuda.runtime}
-    per_file = {"transports.py": {"mod": nccl, "self.mod": nccl},
+    per_file = {"nccl.py": {"mod": nccl, "self.mod": nccl},
                 "detect.py": {"nccl": nccl}}
 
     def aliases_in(file: str) -> dict[str, Any]:
@@ -252,7 +252,7 @@ def test_event_done_is_a_property_as_cudaops_expects() -> None:
 
 def test_nccl_values_match_the_fallback_table() -> None:
     nccl = _nccl()
-    from collectives.cuda.transports import NCCL_DTYPES, NCCL_OPS
+    from collectives.cuda.nccl import NCCL_DTYPES, NCCL_OPS
 
     wrong = [f"{name}: ours {val}, NCCL {getattr(nccl, name, None)}"
              for name, val in [*NCCL_DTYPES.values(), *NCCL_OPS.values()]

@@ -13,16 +13,17 @@ order on both sides. Sends are synchronous (``Issend``) and groups run one after
 on the stream, as large NCCL transfers do: a cycle of groups waiting for each other across
 ranks would hang the run (it is bounded by a timeout) instead of hiding in eager buffers.
 
-The multi-rank part runs this file under ``mpiexec -n 3`` (``python -m mpi4py``): every
-registered algorithm over both transports, sizes 0 to a few thousand, with the closed-form
-check of ``collectives.bench`` and bitwise agreement across ranks.
+The multi-rank part runs the allreduce contract (``tests/contract.py``) over both transports
+in an in-process world (``tests/inproc.py``, one thread and one simulated GPU per rank) at
+several world sizes, on the world, a ``Dup()`` and a ``Split()``; and this file under
+``mpiexec -n 3`` (``python -m mpi4py``) for what needs processes: set-up errors agreed over
+MPI and ``Communicator`` on GPU buffers with the registry's backend replaced.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import itertools
 import os
 import subprocess
@@ -64,6 +65,7 @@ class FakeOps:
     def __init__(self) -> None:
         self.streams: dict[int, FakeStream] = {}
         self.device = 0
+        self.running = 0  # depth of queued work being run (see poll)
 
     # streams and events
     def new_stream(self, every: int = 1) -> FakeStream:
@@ -106,9 +108,19 @@ class FakeOps:
                 ev, gen = arg
                 ev.fired = max(ev.fired, gen)
             elif kind == "run":
-                arg()
+                self.running += 1
+                try:
+                    arg()
+                finally:
+                    self.running -= 1
             ran = True
         return ran
+
+    def poll(self) -> None:
+        """Progress as a GPU would while its host is blocked elsewhere — but never from
+        inside queued work (a stream runs one item at a time, in order)."""
+        if not self.running:
+            self.step()
 
     def _until(self, cond: Callable[[], bool], what: str) -> None:
         for _ in range(self.MAX_STEPS):
@@ -232,7 +244,8 @@ class FakeNccl:
                 else:
                     # Synchronous: completes only once matched, as a large NCCL send.
                     reqs.append(comm.Issend([view[:n], MPI.BYTE], peer, 0))
-            MPI.Request.Waitall(reqs)
+            for req in reqs:  # Request.Wait: an MPI request or an in-process one
+                req.Wait()
 
         ops.enqueue(stream, exchange)
 
@@ -274,21 +287,26 @@ def without_machine_nccl() -> None:
     """Keep this machine's NCCL out of these tests: where CuPy, a GPU and NCCL are installed,
     a transport built without ``nccl=`` would load the real library and hand it the fake
     backend's host pointers. ``FakeNccl`` is the only NCCL here."""
-    import collectives.cuda.transports as transports
+    import collectives.cuda.nccl as nccl
+    import collectives.cuda.staged as staged
 
-    transports.load_nccl = lambda: (None, "NCCL is simulated by FakeNccl in these tests")
+    for module in (nccl, staged):
+        module.load_nccl = lambda: (None, "NCCL is simulated by FakeNccl in these tests")
 
 
 @pytest.fixture(autouse=True)
 def _no_machine_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
-    import collectives.cuda.transports as transports
+    import collectives.cuda.nccl as nccl
+    import collectives.cuda.staged as staged
 
-    monkeypatch.setattr(transports, "load_nccl",
-                        lambda: (None, "NCCL is simulated by FakeNccl in these tests"))
+    for module in (nccl, staged):
+        monkeypatch.setattr(module, "load_nccl",
+                            lambda: (None, "NCCL is simulated by FakeNccl in these tests"))
 
 
 def make(kind: str, comm: Any, ops: FakeOps, backend: FakeBackend, piece: int = 64) -> Any:
-    from collectives.cuda.transports import NcclTransport, StagedTransport
+    from collectives.cuda.nccl import NcclTransport
+    from collectives.cuda.staged import StagedTransport
 
     if kind == "staged":
         return StagedTransport(comm, backend, ops=ops, piece_bytes=piece)
@@ -358,7 +376,7 @@ def test_staged_recv_does_not_overwrite_data_still_being_reduced(self_comm: Any)
 
 
 def test_pinned_pool_reuses_buffers_only_after_their_copies() -> None:
-    from collectives.cuda.transports import _PinnedPool
+    from collectives.cuda.staged import _PinnedPool
 
     ops = FakeOps()
     pool = _PinnedPool(ops)
@@ -377,7 +395,7 @@ def test_pinned_pool_reuses_buffers_only_after_their_copies() -> None:
 
 
 def test_pieces_cover_messages() -> None:
-    from collectives.cuda.transports import pieces
+    from collectives.cuda.staged import pieces
 
     assert pieces(0, 4) == [(0, 0)]
     assert pieces(10, 4) == [(0, 4), (4, 4), (8, 2)]
@@ -532,8 +550,41 @@ def test_algorithms_post_in_a_tag_independent_order(algo: str, params: dict[str,
                         assert sent == got, (algo, params, n, count, a, b)
 
 
+KINDS = ("staged", "staged-nccl-native", "nccl")
+
+
+@pytest.mark.parametrize("n,comm_kind", [(2, "world"), (3, "world"), (5, "world"),
+                                         (4, "split"), (7, "split"), (3, "dup")])
+def test_gpu_transports_contract_in_process(n: int, comm_kind: str) -> None:
+    """The allreduce contract (``tests/contract.py``) over ``staged`` and (fake) ``nccl``
+    on the simulated GPU, every rank a thread of an in-process world (``tests/inproc.py``),
+    one "GPU" per rank: every registered algorithm, every size once, op and dtype rotating."""
+    from tests import contract, inproc
+
+    def rank(world: Any) -> list[str]:
+        comm, label = contract.communicator(world, comm_kind)
+        fails: list[str] = []
+        for kind in KINDS:
+            ops = FakeOps()
+            be = FakeBackend(ops, device=world.Get_rank())
+            # The simulated GPU runs queued work while its rank waits (as a GPU would).
+            inproc.set_progress(world, ops.poll)
+            runner = contract.DirectRunner(comm, be, make(kind, comm, ops, be, piece=32))
+            cfgs = contract.configs(comm.Get_size(), light=True)
+            fails += contract.run_configs(runner, cfgs, contract.Setup(label=kind),
+                                          density="sparse", where=f"{label} ")
+            runner.close()
+            runner.ctx.transport.close()
+        contract.release(comm, comm_kind)
+        return fails
+
+    fails = [line for lines in inproc.run_ranks(n, rank) for line in lines]
+    assert not fails, "\n".join(fails[:12])
+
+
 def test_multirank_under_mpiexec() -> None:
-    """Every algorithm over staged and (fake) NCCL at 3 ranks; see ``main``."""
+    """The GPU transports' set-up errors and ``Communicator`` on GPU buffers at 3 MPI
+    ranks; see ``main``."""
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     if not os.access(mpiexec, os.X_OK):
         pytest.skip("no mpiexec next to the interpreter")
@@ -549,8 +600,6 @@ def test_multirank_under_mpiexec() -> None:
 def main() -> int:
     from mpi4py import MPI
 
-    from collectives.algorithms import Context, algorithm_names, get_algorithm
-    from collectives.bench import expected_result, fill_input
     from collectives.cuda.errors import GpuError
     from collectives.errors import AgreementError
 
@@ -558,39 +607,8 @@ def main() -> int:
     world = MPI.COMM_WORLD
     rank, n = world.Get_rank(), world.Get_size()
     failures: list[str] = []
-    configs: list[tuple[str, dict[str, Any]]] = [(a, {}) for a in algorithm_names()]
-    configs += [("multiring", {"rings": 2, "chunk_bytes": 16}),
-                ("multiring", {"rings": 3, "chunk_bytes": 8, "order": "identity"})]
-    runs = 0
-    for kind in ("staged", "staged-nccl-native", "nccl"):
-        ops = FakeOps()
-        be = FakeBackend(ops, device=rank)  # one "GPU" per rank
-        t = make(kind, world, ops, be, piece=32)
-        ctx = Context(comm=world, backend=be, transport=t, hosts=(0,) * n,
-                      world_ranks=tuple(range(n)))
-        for algo, params in configs:
-            cls = get_algorithm(algo)
-            checked = cls.check_params(params, n)
-            for count in (0, 1, n + 1, 97, 1003):
-                for dtype, op in (("float32", "sum"), ("int64", "max"), ("float64", "prod")):
-                    buf = np.empty(count, dtype=dtype)
-                    fill_input(buf, rank, op)
-                    try:
-                        cls(ctx, count, dtype, op, checked).run(buf)
-                        be.synchronize()
-                    except Exception as exc:  # noqa: BLE001 - reported on every rank
-                        failures.append(f"{kind} {algo} {params} {count} {dtype}: {exc!r}")
-                        continue
-                    exp = expected_result(count, dtype, op, n)
-                    if not np.array_equal(buf, exp):
-                        i = int(np.flatnonzero(buf != exp)[0])
-                        failures.append(f"{kind} {algo} {params} count={count} {dtype} {op}: "
-                                        f"index {i} expected {exp[i]!r} got {buf[i]!r}")
-                    digest = hashlib.sha256(buf.tobytes()).hexdigest()
-                    if len(set(world.allgather(digest))) > 1:
-                        failures.append(f"{kind} {algo} {params} {count}: ranks differ")
-                    runs += 1
-        t.close()
+    # Every algorithm over every transport: test_gpu_transports_contract_in_process (the
+    # contract at several world sizes and communicator kinds). Here what needs processes.
     # Two ranks on one GPU with nccl: every rank gets the same clear error.
     ops = FakeOps()
     shared = FakeBackend(ops, device=0)
@@ -618,7 +636,7 @@ def main() -> int:
         if lines:
             print("\n".join(lines[:20]))
             return 1
-        print(f"multi-rank GPU transport checks passed ({runs} runs on {n} ranks)")
+        print(f"multi-rank GPU transport checks passed ({n} ranks)")
     return 1 if any(everyone) else 0
 
 

@@ -27,16 +27,8 @@ print(comm.explain(1024))
 
 
 def test_log_info_names_rule_algorithm_and_busbw(tmp_path: Any) -> None:
-    prof = base()
-    prof["topology"] = {"world_size": 1}
-    prof["rules"][1]["params"]["order"] = "identity"
+    res = _job(tmp_path, "info")
     path = str(tmp_path / "p.yaml")
-    write_profile(prof, path)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_"))}
-    env.update(RINGTUNE_LOG="info", RINGTUNE_PROFILE=path)
-    res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
-                         text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("ringtune:")]
     assert len(lines) == 2, res.stderr

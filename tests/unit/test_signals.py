@@ -14,7 +14,6 @@ from the test-only ``sleep`` algorithm (see ``tests/unit/test_autotune_cli.py``)
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from ..mpi_support import find_processes, tuning_trials
 
 RINGTUNE = [sys.executable, "-m", "ringtune.cli"]
 MARK = "RINGTUNE_TEST_MARK"
@@ -58,22 +59,8 @@ def _env(mark: str) -> dict[str, str]:
 
 def _marked(mark: str, rank: int | None = None) -> list[int]:
     """Live (not zombie) processes whose environment carries ``mark`` (and ``rank``)."""
-    needle = f"{MARK}={mark}".encode()
-    rank_var = f"PMI_RANK={rank}".encode() if rank is not None else None
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                state = fh.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env and state != b"Z" and (rank_var is None or rank_var in env):
-            found.append(int(pid))
-    return found
+    env = [f"{MARK}={mark}"] + ([f"PMI_RANK={rank}"] if rank is not None else [])
+    return find_processes(env=env)
 
 
 def _left_behind(mark: str, within: float = 3.0) -> list[str]:
@@ -113,25 +100,9 @@ def _ended(proc: subprocess.Popen[bytes], mark: str, timeout: float = 30) -> int
         raise AssertionError("the command did not end after the signal") from None
 
 
-def _trials(db: Path) -> list[tuple[str, int, str, str | None, bool]]:
+def _trials(db: Path) -> list[tuple[Any, ...]]:
     """(study, number, state, config key, marked interrupted) of every trial."""
-    if not db.exists():
-        return []
-    con = sqlite3.connect(db, timeout=10)
-    try:
-        rows = con.execute(
-            "SELECT s.study_name, t.number, t.state, "
-            "(SELECT value_json FROM trial_user_attributes a "
-            " WHERE a.trial_id = t.trial_id AND a.key = 'config'), "
-            "(SELECT value_json FROM trial_user_attributes a "
-            " WHERE a.trial_id = t.trial_id AND a.key = 'interrupted') "
-            "FROM trials t JOIN studies s ON s.study_id = t.study_id").fetchall()
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        con.close()
-    return [(s, n, st, json.loads(c)["key"] if c else None, bool(i))
-            for s, n, st, c, i in rows]
+    return [(*t[:4], bool(t[4])) for t in tuning_trials(db, "interrupted")]
 
 
 def _finished(db: Path) -> set[tuple[str, int, str | None]]:

@@ -1,15 +1,15 @@
-"""GPU transports: ``staged`` (pinned host buffers + MPI) and ``nccl`` (NCCL send/recv).
+"""The ``staged`` transport: GPU buffers through pinned host memory and MPI (any MPI,
+CUDA-aware or not). Use it where NCCL cannot run (two ranks on one GPU, no NCCL) or MPI
+cannot take GPU memory.
 
-Both follow one stream discipline, so that the multiring pipeline overlaps reduction and
-transfer without any device-wide synchronisation:
+It follows the stream discipline of every GPU transport (docs/gpu.md), so the multiring
+pipeline overlaps reduction and transfer without any device-wide synchronisation:
+``start`` records an event on the backend's stream (where the reductions run) and makes
+the transport's own streams wait for it, so a send reads finished data and a receive never
+overwrites memory a queued reduction still reads; ``wait_recv`` makes the backend's stream
+wait for the event that marks the received data in place.
 
-* ``start`` records an event on the backend's stream (where the reductions run) and makes
-  the transport's own streams wait for it, so a send reads finished data and a receive
-  never overwrites memory a queued reduction still reads;
-* a ``Pending``'s ``wait_recv`` makes the backend's stream wait for the event that marks
-  the received data in place — the host does not wait for the GPU.
-
-``staged`` moves each message as pieces of at most ``piece_bytes``: device-to-host copies
+Each message moves as pieces of at most ``piece_bytes``: device-to-host copies
 into pinned buffers on one stream, ``MPI_Isend`` of each piece as soon as its copy is done,
 ``MPI_Irecv`` into pinned buffers posted at once, and host-to-device copies of received
 pieces on a second stream while later pieces are still arriving — double-buffered, with
@@ -18,15 +18,9 @@ order (a FIFO), so messages with the same peer and tag keep MPI's matching order
 waiting call keeps that FIFO moving, so a rank blocked on a receive still posts the sends
 its peers wait for.
 
-``nccl`` issues each batch as one ``groupStart``/``groupEnd`` group on a dedicated stream.
-NCCL has no tags: messages between two ranks match in posting order whatever their tag,
-which is what the algorithms guarantee (``tests/unit/test_cuda_transports.py`` checks that
-every algorithm posts in a rank-consistent order). The NCCL communicator is built once per
-transport (unique id broadcast over MPI) and refuses two ranks on one GPU with a clear
-error before NCCL would.
-
-``native_allreduce``: NCCL ``allReduce`` when NCCL is usable on every rank with one GPU per
-rank, else pinned-host ``MPI_Allreduce`` (copy down, reduce, copy back).
+``native_allreduce``: NCCL ``allReduce`` (``collectives.cuda.nccl``) when NCCL is usable on
+every rank with one GPU per rank, else pinned-host ``MPI_Allreduce`` (copy down, reduce,
+copy back). Registered as ``staged`` in ``collectives.registry`` on import.
 """
 
 from __future__ import annotations
@@ -37,22 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import require_agreement
+from ..registry import register_transport
 from ..transport import Pending, Transport, host_allreduce
-from .binding import shared_gpu_message, shared_gpus
+from .binding import shared_gpus
 from .detect import load_nccl
-from .errors import GpuError
+from .nccl import NcclLink
+from .peers import byte_size, check_same_transport, peer_records, require_gpu_backend
 
 #: Largest piece a staged message is cut into (pipelining copies with MPI).
 PIECE_BYTES = 1 << 22
-
-#: NCCL's ncclDataType_t / ncclRedOp_t values (stable ABI), used when CuPy's module does
-#: not define a name.
-NCCL_DTYPES = {"int32": ("NCCL_INT32", 2), "int64": ("NCCL_INT64", 4),
-               "float16": ("NCCL_FLOAT16", 6), "float32": ("NCCL_FLOAT32", 7),
-               "float64": ("NCCL_FLOAT64", 8), "bfloat16": ("NCCL_BFLOAT16", 9)}
-NCCL_OPS = {"sum": ("NCCL_SUM", 0), "avg": ("NCCL_SUM", 0), "prod": ("NCCL_PROD", 1),
-            "max": ("NCCL_MAX", 2), "min": ("NCCL_MIN", 3)}
 
 
 def pieces(nbytes: int, piece: int) -> list[tuple[int, int]]:
@@ -61,52 +48,6 @@ def pieces(nbytes: int, piece: int) -> list[tuple[int, int]]:
     if nbytes <= 0:
         return [(0, 0)]
     return [(off, min(piece, nbytes - off)) for off in range(0, nbytes, piece)]
-
-
-def _nbytes(arr: Any) -> int:
-    return int(arr.size) * int(arr.dtype.itemsize)
-
-
-def _dtype_name(arr: Any) -> str:
-    return str(arr.dtype)
-
-
-def _host_rank_records(comm: Any, backend: Any, extra: Any) -> list[Any]:
-    """Allgather of (transport-specific payload, host name, GPU key) over ``comm``."""
-    from mpi4py import MPI
-
-    binding = getattr(backend, "binding", None)
-    key = (binding.pci_bus_id or f"device {binding.device}") if binding is not None else (
-        f"device {getattr(backend, 'device', 0)}")
-    return comm.allgather((extra, MPI.Get_processor_name(), key))
-
-
-def _check_same_transport(everyone: Sequence[Any]) -> None:
-    # Communicator._context checks this generally; a transport built directly (as its
-    # tests do) must fail together too, and the gather it needs is already made.
-    require_agreement([e[0][0] for e in everyone], "GPU transports",
-                      "name the transport explicitly (allreduce(transport=...) or the "
-                      "profile's `transport:`) so every rank uses the same one")
-
-
-class _EventPending(Pending):
-    """A batch whose completion is one event; waiting makes the backend stream wait."""
-
-    __slots__ = ("ops", "stream", "event", "waited")
-
-    def __init__(self, ops: Any, stream: Any, event: Any) -> None:
-        self.ops = ops
-        self.stream = stream
-        self.event = event
-        self.waited = False
-
-    def wait(self) -> None:
-        if not self.waited:
-            self.ops.wait(self.stream, self.event)
-            self.waited = True
-
-    def wait_recv(self) -> None:
-        self.wait()
 
 
 # -- pinned host buffers -------------------------------------------------------------------
@@ -251,12 +192,12 @@ class StagedTransport(Transport):
         # native_allreduce: NCCL when every rank has it and no two ranks share a GPU;
         # decided once, together, so that all ranks take the same path.
         mod, why = (nccl, "given") if nccl is not None else load_nccl()
-        everyone = _host_rank_records(comm, backend, (self.name, mod is not None, why))
-        _check_same_transport(everyone)
+        everyone = peer_records(comm, backend, (self.name, mod is not None, why))
+        check_same_transport(everyone)
         records = [(e[1], e[2]) for e in everyone]
         self._native_nccl_ok = (all(e[0][1] for e in everyone)
                                 and not shared_gpus(records))
-        self._native_link: _NcclLink | None = None
+        self._native_link: NcclLink | None = None
         self._native_host: np.ndarray | None = None
 
     # The FIFO of sends whose device-to-host copy is queued but not yet handed to MPI.
@@ -278,6 +219,12 @@ class StagedTransport(Transport):
             fifo.popleft()
             sp.req = self._isend([sp.host[:sp.n], self._byte], sp.dst, sp.tag)
 
+    def _staging(self, arr: Any) -> list[tuple[int, np.ndarray, int]]:
+        """(device address, pinned buffer, bytes) of each piece of a message."""
+        base = self.ops.ptr(arr)
+        return [(base + off, self.pool.get(n), n)
+                for off, n in pieces(byte_size(arr), self.piece)]
+
     def start(self, sends: Sequence[tuple[Any, int, int]],
               recvs: Sequence[tuple[Any, int, int]]) -> Pending:
         ops = self.ops
@@ -288,19 +235,15 @@ class StagedTransport(Transport):
             # Copies up must not overwrite what reductions queued so far still read.
             ops.wait(self.h2d_stream, ready)
             for arr, src, tag in recvs:
-                base = ops.ptr(arr)
-                for off, n in pieces(_nbytes(arr), self.piece):
-                    host = self.pool.get(n)
+                for dev, host, n in self._staging(arr):
                     req = self._irecv([host[:n], self._byte], src, tag)
-                    pend.recvs.append(_RecvPiece(req, host, base + off, n))
+                    pend.recvs.append(_RecvPiece(req, host, dev, n))
         if sends:
             # Copies down read data the backend's stream produced.
             ops.wait(self.d2h_stream, ready)
             for arr, dst, tag in sends:
-                base = ops.ptr(arr)
-                for off, n in pieces(_nbytes(arr), self.piece):
-                    host = self.pool.get(n)
-                    ops.d2h(host, base + off, n, self.d2h_stream)
+                for dev, host, n in self._staging(arr):
+                    ops.d2h(host, dev, n, self.d2h_stream)
                     ev = ops.new_event()
                     ops.record(ev, self.d2h_stream)
                     sp = _SendPiece(ev, host, n, dst, tag)
@@ -312,7 +255,7 @@ class StagedTransport(Transport):
     def native_allreduce(self, buf: Any, op: str) -> None:
         if self._native_nccl_ok:
             if self._native_link is None:
-                self._native_link = _NcclLink(self.comm, self.backend, self.ops,
+                self._native_link = NcclLink(self.comm, self.backend, self.ops,
                                               self._nccl_given, "native allreduce")
             self._native_link.allreduce(buf, op)
             return
@@ -321,7 +264,7 @@ class StagedTransport(Transport):
     def _staged_allreduce(self, buf: Any, op: str) -> None:
         """Copy to pinned host memory, ``MPI_Allreduce`` in place, copy back."""
         ops = self.ops
-        nbytes = _nbytes(buf)
+        nbytes = byte_size(buf)
         if self._native_host is None or self._native_host.nbytes < nbytes:
             if self._native_host is not None:
                 # The previous call's copy up may still read the old buffer, and CuPy's
@@ -361,119 +304,10 @@ class StagedTransport(Transport):
             self._native_link = None
 
 
-# -- NCCL ------------------------------------------------------------------------------------
+def make_staged_transport(comm: Any, backend: Any) -> StagedTransport:
+    """The registry factory of ``staged`` (GPU buffers only; collective over ``comm``)."""
+    require_gpu_backend("staged", backend)
+    return StagedTransport(comm, backend)
 
 
-class _NcclLink:
-    """One NCCL communicator over an MPI communicator, and the stream it works on."""
-
-    def __init__(self, comm: Any, backend: Any, ops: Any, nccl: Any, what: str) -> None:
-        if nccl is not None and hasattr(nccl, "for_comm"):
-            nccl = nccl.for_comm(comm)  # the unit tests' CPU fake of NCCL, bound to comm
-        mod, why = (nccl, "given") if nccl is not None else load_nccl()
-        rank, size = comm.Get_rank(), comm.Get_size()
-        everyone = _host_rank_records(comm, backend, ("nccl", mod is not None, why))
-        _check_same_transport(everyone)
-        missing = [r for r, e in enumerate(everyone) if not e[0][1]]
-        if missing:
-            raise GpuError(f"{what}: transport 'nccl' is not available on rank(s) "
-                           f"{', '.join(map(str, missing))}: {everyone[missing[0]][0][2]}")
-        records = [(e[1], e[2]) for e in everyone]
-        groups = shared_gpus(records)
-        if groups:
-            raise GpuError(shared_gpu_message(groups, records, "transport 'nccl'"))
-        uid: Any = None
-        err = None
-        if rank == 0:
-            try:
-                uid = mod.get_unique_id()
-            except Exception as exc:  # noqa: BLE001 - shared with every rank below
-                err = f"rank 0: ncclGetUniqueId failed: {exc}"
-        uid, err = comm.bcast((uid, err), root=0)
-        if err:
-            raise GpuError(err)
-        self.mod = mod
-        self.ops = ops
-        self.backend = backend
-        self.stream = ops.new_stream()
-        self.u8 = int(getattr(mod, "NCCL_UINT8", 1))
-        # NCCL ties the communicator to the current device: make it ours.
-        with ops.device_context():
-            self.comm = mod.NcclCommunicator(size, uid, rank)
-
-    def _enter(self) -> None:
-        ready = self.ops.new_event()
-        self.ops.record(ready, self.backend.stream)
-        self.ops.wait(self.stream, ready)
-
-    def _leave(self) -> Any:
-        done = self.ops.new_event()
-        self.ops.record(done, self.stream)
-        return done
-
-    def start(self, sends: Sequence[tuple[Any, int, int]],
-              recvs: Sequence[tuple[Any, int, int]]) -> Pending:
-        ops = self.ops
-        self._enter()
-        sptr = ops.stream_ptr(self.stream)
-        mod, comm, u8 = self.mod, self.comm, self.u8
-        mod.groupStart()
-        try:
-            # Empty messages are skipped on both sides alike (their sizes match).
-            for arr, src, _tag in recvs:
-                if arr.size:
-                    comm.recv(ops.ptr(arr), _nbytes(arr), u8, src, sptr)
-            for arr, dst, _tag in sends:
-                if arr.size:
-                    comm.send(ops.ptr(arr), _nbytes(arr), u8, dst, sptr)
-        finally:
-            mod.groupEnd()
-        return _EventPending(ops, self.backend.stream, self._leave())
-
-    def allreduce(self, buf: Any, op: str) -> None:
-        name = _dtype_name(buf)
-        if name not in NCCL_DTYPES:
-            raise TypeError(f"NCCL allReduce has no dtype {name}: use one of "
-                            f"{', '.join(NCCL_DTYPES)}")
-        dname, dval = NCCL_DTYPES[name]
-        oname, oval = NCCL_OPS[op]
-        self._enter()
-        ptr = self.ops.ptr(buf)
-        self.comm.allReduce(ptr, ptr, int(buf.size), int(getattr(self.mod, dname, dval)),
-                            int(getattr(self.mod, oname, oval)), self.ops.stream_ptr(self.stream))
-        self.ops.wait(self.backend.stream, self._leave())
-
-    def close(self) -> None:
-        self.ops.sync_stream(self.stream)
-        destroy = getattr(self.comm, "destroy", None)
-        if destroy is not None:
-            destroy()
-
-
-class NcclTransport(Transport):
-    """NCCL point-to-point send/recv, one group per batch, one GPU per rank."""
-
-    name = "nccl"
-
-    def __init__(self, comm: Any, backend: Any, ops: Any = None, nccl: Any = None) -> None:
-        super().__init__(comm, backend)
-        if ops is None:
-            from .ops import CudaOps
-
-            ops = CudaOps(backend.device)
-        self.ops = ops
-        self._nccl_given = nccl
-        self.link = _NcclLink(comm, backend, ops, nccl, "transport 'nccl'")
-
-    def start(self, sends: Sequence[tuple[Any, int, int]],
-              recvs: Sequence[tuple[Any, int, int]]) -> Pending:
-        return self.link.start(sends, recvs)
-
-    def native_allreduce(self, buf: Any, op: str) -> None:
-        self.link.allreduce(buf, op)
-
-    def sub(self, comm: Any) -> Transport:
-        return NcclTransport(comm, self.backend, self.ops, self._nccl_given)
-
-    def close(self) -> None:
-        self.link.close()
+register_transport("staged", make_staged_transport)
