@@ -6,17 +6,18 @@ algorithm is one module with one ``Algorithm`` subclass decorated with ``@regist
 validation, search space, cost-model formula and schema fragment (``base.py`` says which
 defaults apply), so the tuner, the cost model, the profile loader, the generated schema and
 the contract tests pick it up from the registry. A test registers one of its own with
-``registered(cls)`` (a context manager that unregisters it afterwards).
+``registered(cls)`` (a context manager that unregisters it afterwards); a job or a tuning
+run loads modules of its own through ``RINGTUNE_PLUGINS`` (below), on every rank.
 """
 
 from __future__ import annotations
 
-import os
-
-# Explicit imports (no plugin magic): each module registers its class.
+# The built-in algorithms, imported explicitly: each module registers its class (a
+# site's own come through RINGTUNE_PLUGINS, read when the registry is first used).
 from . import hierarchical, multiring, native, rhd  # noqa: F401
 from .base import Algorithm, Context
 from .registry import (
+    PLUGINS_ENV,
     algorithm_names,
     get_algorithm,
     grid_algorithm_names,
@@ -25,11 +26,5 @@ from .registry import (
     unregister,
 )
 
-if os.environ.get("RINGTUNE_TEST_ALGORITHMS") == "1":
-    # Test-only algorithms (deliberately slow or hanging), never in a user's registry.
-    import importlib
-
-    importlib.import_module(f"{__name__}._testing")
-
-__all__ = ["Algorithm", "Context", "register", "registered", "unregister", "get_algorithm",
-           "algorithm_names", "grid_algorithm_names"]
+__all__ = ["PLUGINS_ENV", "Algorithm", "Context", "register", "registered", "unregister",
+           "get_algorithm", "algorithm_names", "grid_algorithm_names"]

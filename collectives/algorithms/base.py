@@ -82,8 +82,9 @@ class Algorithm(ABC):
     name: ClassVar[str] = ""
     #: Parameter names the algorithm accepts (for error messages and the CLI).
     param_names: ClassVar[tuple[str, ...]] = ()
-    #: Registered only for tests (``RINGTUNE_TEST_ALGORITHMS=1``): never searched unless
-    #: named, not in the cost model's candidates, not in the generated profile schema.
+    #: A diagnostic algorithm (the tests' ``sleep``, loaded through ``RINGTUNE_PLUGINS``):
+    #: never searched unless named, not in the cost model's candidates, not in the
+    #: generated profile schema.
     test_only: ClassVar[bool] = False
     #: Where the algorithm comes in lists for people (``ringtune simulate``'s columns, the
     #: schema's enum): lower first, then by name.

@@ -10,12 +10,42 @@ or ``unregister(name)`` afterwards, so the registry is clean for the next test.
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from .base import Algorithm
 
 _REGISTRY: dict[str, type[Algorithm]] = {}
+
+#: Comma-separated modules imported before the registry is first read: each registers its
+#: own ``Algorithm`` subclasses with ``@register`` — a site's own algorithm, or the tests'
+#: deliberately slow ``sleep`` — in every process that has the variable set (all the ranks
+#: of a job or a tuning run). Read lazily, so ``import collectives`` stays light and a bad
+#: name is one clear error of the command that needed the registry.
+PLUGINS_ENV = "RINGTUNE_PLUGINS"
+_plugins: list[Any] = []  # [None] once loaded, [the error] when a plugin failed
+
+
+def _loaded() -> dict[str, type[Algorithm]]:
+    """The registry, with the modules of ``RINGTUNE_PLUGINS`` imported (once)."""
+    if not _plugins:
+        _plugins.append(None)  # before importing: a plugin may itself read the registry
+        for module in filter(None, (m.strip() for m in
+                                    os.environ.get(PLUGINS_ENV, "").split(","))):
+            try:
+                importlib.import_module(module)
+            except Exception as exc:  # noqa: BLE001 - a named plugin's failure is the user's
+                _plugins[0] = ValueError(
+                    f"{PLUGINS_ENV}: cannot import algorithm module {module!r} "
+                    f"({type(exc).__name__}: {exc}); fix the module or its name, or unset "
+                    f"{PLUGINS_ENV}")
+                break
+    if _plugins[0] is not None:
+        raise _plugins[0]
+    return _REGISTRY
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
@@ -49,22 +79,23 @@ def registered(cls: type[Algorithm]) -> Iterator[type[Algorithm]]:
 
 def get_algorithm(name: str) -> type[Algorithm]:
     """The algorithm class called ``name``; ``ValueError`` naming the known ones."""
+    registry = _loaded()
     try:
-        return _REGISTRY[name]
+        return registry[name]
     except (KeyError, TypeError):
-        known = ", ".join(sorted(_REGISTRY))
+        known = ", ".join(sorted(registry))
         raise ValueError(f"unknown algorithm {name!r}: use one of {known}") from None
 
 
 def algorithm_names() -> list[str]:
     """Registered algorithm names, sorted."""
-    return sorted(_REGISTRY)
+    return sorted(_loaded())
 
 
 def grid_algorithm_names() -> list[str]:
     """The algorithms that can run along one dimension of a ``hierarchical`` grid (those
     with a ``grid_dimension``), in that order: the first is the default ``inner``."""
-    grid = [c for c in _REGISTRY.values() if c.grid_dimension is not None]
+    grid = [c for c in _loaded().values() if c.grid_dimension is not None]
     return [c.name for c in sorted(grid, key=lambda c: (c.grid_dimension, c.name))]
 
 
@@ -72,5 +103,5 @@ def user_algorithm_names(order: str = "display_order") -> list[str]:
     """Registered algorithms that are not test-only, sorted by the class attribute
     ``order`` (``display_order`` for lists for people, ``model_order`` for the cost
     model's candidates), then by name."""
-    users = [c for c in _REGISTRY.values() if not c.test_only]
+    users = [c for c in _loaded().values() if not c.test_only]
     return [c.name for c in sorted(users, key=lambda c: (getattr(c, order), c.name))]

@@ -1,10 +1,11 @@
 """``ringtune tune`` end to end through its launcher (``mpiexec -n 2`` in a subprocess): the
 profile it writes, resuming, SIGINT, SIGKILL of a rank, a hanging candidate, bad input.
 
-Slow candidates come from the test-only ``sleep`` algorithm (``RINGTUNE_TEST_ALGORITHMS=1``,
-which sleeps ``$RINGTUNE_TEST_SLEEP`` seconds while its plan is built), so runs can be
-interrupted midway and a hang can be provoked on purpose. Each test asserts correctness
-(files, storage contents, exit codes, messages), never timings.
+Slow candidates come from the test-only ``sleep`` algorithm (``tests/sleep_algorithm.py``,
+loaded in the ranks through ``RINGTUNE_PLUGINS``, which sleeps ``$RINGTUNE_TEST_SLEEP`` seconds
+while its plan is built), so runs can be interrupted midway and a hang can be provoked on
+purpose. Each test asserts correctness (files, storage contents, exit codes, messages), never
+timings.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collectives.profile import load_profile
 
 from ..mpi_support import find_processes, tuning_trials
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RINGTUNE = [sys.executable, "-m", "ringtune.cli"]
 SLOW = ["--algorithms", "native,sleep", "--sampler", "grid", "--no-progress"]
 BUCKETS = ["--buckets", "1K,4K,16K"]
@@ -32,7 +34,8 @@ def _env(sleep: str = "0.3,0.4,0.5,0.6") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_"))}
     env.pop("RINGTUNE_LAUNCHED", None)
-    env.update(RINGTUNE_TEST_ALGORITHMS="1", RINGTUNE_TEST_SLEEP=sleep)
+    env.update(RINGTUNE_PLUGINS="tests.sleep_algorithm", RINGTUNE_TEST_SLEEP=sleep,
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")])))
     return env
 
 

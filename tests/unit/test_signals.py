@@ -53,7 +53,9 @@ def _env(mark: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_"))}
     env.pop("RINGTUNE_LAUNCHED", None)
-    env.update({MARK: mark, "RINGTUNE_TEST_ALGORITHMS": "1", "RINGTUNE_TEST_SLEEP": SLEEPS})
+    env.update({MARK: mark, "RINGTUNE_PLUGINS": "tests.sleep_algorithm",
+                "RINGTUNE_TEST_SLEEP": SLEEPS,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))})
     return env
 
 

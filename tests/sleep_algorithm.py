@@ -1,4 +1,5 @@
-"""Test-only algorithms, registered only when ``RINGTUNE_TEST_ALGORITHMS=1``.
+"""Test-only algorithms, registered in the ranks of a tuning run by
+``RINGTUNE_PLUGINS=tests.sleep_algorithm`` (with the repository on ``PYTHONPATH``).
 
 ``sleep``: sleeps ``seconds`` while its plan is built (once per candidate in the tuner,
 since the check and the timing share the plan), then runs the native allreduce. With a
@@ -16,8 +17,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Algorithm, Context
-from .registry import register
+from collectives.algorithms.base import Algorithm, Context
+from collectives.algorithms.registry import register
 
 
 @register
