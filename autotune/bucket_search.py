@@ -102,7 +102,10 @@ class Driver:
             if key is None:
                 continue
             result = t.user_attrs.get("result")
-            if not result:
+            if not result or t.user_attrs.get("interrupted"):
+                # An interrupted trial's result (the run was killed between writing it and
+                # closing the trial) was never committed: its retry, queued when the
+                # interruption was found, measures the configuration instead.
                 continue
             if result.get("timeout") or result.get("state") == TIMEOUT:
                 # Not a measurement: it counts against neither --trials nor the space.

@@ -156,6 +156,30 @@ def test_a_retry_that_passes_is_measured_normally(tmp_path: Any) -> None:
     assert hung in again.done and not again.ruled_out
 
 
+def test_a_kill_between_result_and_close_loses_no_configuration(tmp_path: Any,
+                                                                 monkeypatch: Any) -> None:
+    """A run killed after a trial's result was written but before the trial was closed
+    leaves it RUNNING with a result. The next run marks it interrupted and queues it again;
+    a run after that (killed again in between) must still see it as untried, not as a
+    failed measurement, and measure it: kill/resume loses no configuration."""
+    monkeypatch.setattr(driver_mod, "make_sampler", lambda name, seed: Stubborn())
+    storage = _storage(tmp_path)
+    first = _driver(tmp_path, storage)
+    cmd = first.next_command(deadline=math.inf)
+    cut = space.config_key(cmd["config"])
+    # What record() does first, then the kill: the result is written, the trial not closed.
+    first.pending.set_user_attr("result", {"state": COMPLETE, "busbw_gbps": 0.3,
+                                           "time_us": 12.0})
+    second = _driver(tmp_path, storage)  # finds it RUNNING: interrupted, queued again
+    assert cut in second.untried()
+    # Killed again before the retry ran: the third run must still retry it.
+    third = _driver(tmp_path, storage)
+    assert cut not in third.done and cut in third.untried()
+    reason, ran = _run_bucket(third)
+    assert reason == "exhausted" and cut in ran
+    assert set(third.done) == set(third.grid_keys or ())
+
+
 def test_a_waiting_retry_is_not_queued_twice(tmp_path: Any) -> None:
     storage = _storage(tmp_path)
     first = _driver(tmp_path, storage)
