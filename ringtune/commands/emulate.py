@@ -123,6 +123,7 @@ def _emulate(spec: EmulatedCluster, args: argparse.Namespace, command: list[str]
     interrupted: int | None = None
     try:
         net.build()
+        runner.raise_pending()  # a signal during the set-up ends the run here at the latest
         say(f"{spec.describe()}; hosts "
             f"{', '.join(f'{h.hostname}={h.address}' for h in net.hosts)}; "
             f"set up in {runner.elapsed(t0)}")
@@ -130,6 +131,7 @@ def _emulate(spec: EmulatedCluster, args: argparse.Namespace, command: list[str]
         monitor = HostMonitor(net.hosts)
         monitor.start()
         try:
+            runner.raise_pending()
             code = runner.wait(proc)
             monitor.stop()
             if code != 0:

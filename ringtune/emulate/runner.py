@@ -71,15 +71,36 @@ class Terminated(Exception):
         self.signum = signum
 
 
+#: Signals received, in order: Python drops an exception raised while a finalizer runs
+#: ("Exception ignored in: Popen.__del__"), so a Ctrl-C landing there would be lost and the
+#: set-up would go on to launch the command; ``raise_pending`` raises it again.
+_received: list[int] = []
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
+    _received.append(signum)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise Terminated(signum)
 
 
+def raise_pending() -> None:
+    """Raise (again) the first signal received since the handlers were installed: called
+    between the steps of a run, it turns a signal whose exception was swallowed into the
+    teardown it asked for."""
+    if _received:
+        if _received[0] == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(_received[0])
+
+
 def install_signal_handlers() -> dict[int, object]:
-    """SIGTERM and SIGHUP raise ``Terminated`` (SIGINT already raises KeyboardInterrupt), so
-    that the ``finally`` that tears the cluster down runs on each of them."""
-    old: dict[int, object] = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    """SIGINT raises KeyboardInterrupt, SIGTERM and SIGHUP ``Terminated``, so that the
+    ``finally`` that tears the cluster down runs on each of them; each is also recorded
+    for ``raise_pending``."""
+    _received.clear()
+    old: dict[int, object] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         old[sig] = signal.signal(sig, _raise_terminated)
     return old
 
