@@ -240,13 +240,19 @@ def test_recorded_choice_is_reused_only_for_the_same_inputs(tmp_path: Any) -> No
     assert was.candidates == [(Config("native", {}, "nccl"), 11.0)]
 
 
-def test_same_record_same_profile_bytes_and_a_truthful_heading(tmp_path: Any) -> None:
+def _two_buckets(tmp_path: Any) -> tuple[TuneOptions, list[BucketSummary], list[Choice]]:
+    """Options, summaries and A/B choices of a finished two-bucket tune (1 and 4 KiB)."""
     opts = _opts(tmp_path, buckets=[1024, 4096])
     sums = [_summary(1024, [("rhd", {}, 9.0)]), _summary(4096, [("multiring", RING, 20.0)])]
     choices = [Choice(1024, Config("rhd"), 9.0, 11.0, 0.1, 0.09, [], "2026-12-01T09:00:07Z",
                       0.5),
                Choice(4096, Config("multiring", RING), 20.0, 30.0, 0.2, 0.1, [],
                       "2026-12-01T09:00:08Z", 0.5)]
+    return opts, sums, choices
+
+
+def test_same_record_same_profile_bytes_and_a_truthful_heading(tmp_path: Any) -> None:
+    opts, sums, choices = _two_buckets(tmp_path)
     texts = {dump_profile(build_profile(IDENTITY, opts, sums, choices, 9.0, ALGOS))
              for _ in range(2)}
     assert len(texts) == 1
@@ -293,12 +299,7 @@ def test_a_workload_rerun_reuses_the_recorded_bucket_size(tmp_path: Any,
                              "dtype": dtype, "time_us": {"4096": 100.0 + len(searched)}}}
 
     monkeypatch.setattr(fusion, "search_bucket_bytes", noisy_search)
-    opts = _opts(tmp_path, buckets=[1024, 4096])
-    sums = [_summary(1024, [("rhd", {}, 9.0)]), _summary(4096, [("multiring", RING, 20.0)])]
-    choices = [Choice(1024, Config("rhd"), 9.0, 11.0, 0.1, 0.09, [], "2026-12-01T09:00:07Z",
-                      0.5),
-               Choice(4096, Config("multiring", RING), 20.0, 30.0, 0.2, 0.1, [],
-                      "2026-12-01T09:00:08Z", 0.5)]
+    opts, sums, choices = _two_buckets(tmp_path)
     storage = _storage(tmp_path)
     for s in sums:
         storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], s.study)
