@@ -91,9 +91,11 @@ gpu-sim: $(CUDA_VENV)/.installed
 	  echo "== tests/gpu, one simulated GPU per rank (nccl), $$n ranks"; \
 	  $(SIM) RINGTUNE_FAKE_GPUS=4 RINGTUNE_FAKE_GPU_SEED=1$$n $(CUDA_VENV)/bin/mpiexec -n $$n $(SIM_PYTEST); \
 	done
-	@echo "== tests/gpu/device_check.sh on the simulated GPU (a rehearsal of the GPU machine's run)"
+	@echo "== tests/gpu/device_check.sh on the simulated GPU (a rehearsal of the GPU machine's run;"
+	@echo "   its test steps only collect: cuda-static and the runs above are the same tests)"
 	RINGTUNE_FAKE_GPU=1 PYTHONPATH=$(CURDIR)/tests/fakegpu RINGTUNE_GPU_PYTHON=$(CURDIR)/$(CUDA_PY) \
-	  RINGTUNE_CHECK_KERNEL_MIB=4 bash tests/gpu/device_check.sh build/device-check-sim
+	  RINGTUNE_CHECK_KERNEL_MIB=4 RINGTUNE_CHECK_COLLECT_ONLY=1 bash tests/gpu/device_check.sh \
+	  build/device-check-sim
 
 # PyTorch tensors, the DDP hook (gloo) and allreduce_many at 1..4 ranks, in .venv-torch.
 torch-test: $(TORCH_VENV)/.installed

@@ -16,6 +16,9 @@
 # a benchmark that ran but missed its target BELOW-TARGET (tests/gpu/verdict.sh). Exit 0
 # when every test step passed, else 1: benchmarks are reported (a missed target or a
 # failed run is named in the summary's last line), never judged.
+# RINGTUNE_CHECK_COLLECT_ONLY=1 (the CPU rehearsal in `make gpu-sim`, which has just run the
+# same tests itself): the test steps only collect their tests, so the rehearsal checks the
+# script, its interpreter, paths and imports without running every test a second time.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -137,7 +140,7 @@ step() {
   verdict=$(step_verdict "$kind" "$rc" "$LOG_DIR/$name.log")
   if [ "$verdict" != FAIL ]; then
     [ "$verdict" = BELOW-TARGET ] && BELOW="$BELOW $name"
-    log "$verdict $name (${took}s): $(grep -E 'passed|skipped|failed|target|Avg bus' "$LOG_DIR/$name.log" | tail -1)"
+    log "$verdict $name (${took}s): $(grep -E 'passed|skipped|failed|collected|target|Avg bus' "$LOG_DIR/$name.log" | tail -1)"
   else
     [ "$rc" -eq 124 ] && rc="timeout after ${limit}s"
     log "FAIL $name (${took}s, rc=$rc); last lines of $name.log:"
@@ -147,13 +150,17 @@ step() {
   fi
 }
 
-PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rs)
+COLLECT=()
+[ "${RINGTUNE_CHECK_COLLECT_ONLY:-0}" = 1 ] && COLLECT=(--collect-only)
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rs "${COLLECT[@]}")
 step unit_cuda 40 test "${PYTEST[@]}" tests/unit/test_cuda_detect.py tests/unit/test_cuda_packages.py \
   tests/unit/test_cuda_kernels.py tests/unit/test_cuda_transports.py
 # n1 compiles every reduction kernel (NVRTC, ~1 s per ElementwiseKernel) into CuPy's
 # on-disk cache; n2 and the benchmarks then reuse it.
-step gpu_tests_n1 90 test "$MPIEXEC" -n 1 "$PY" -m mpi4py -m pytest -q -p no:cacheprovider -rs tests/gpu
-step gpu_tests_n2 90 test "$MPIEXEC" -n 2 "$PY" -m mpi4py -m pytest -q -p no:cacheprovider -rs tests/gpu
+step gpu_tests_n1 90 test "$MPIEXEC" -n 1 "$PY" -m mpi4py -m pytest -q -p no:cacheprovider -rs \
+  "${COLLECT[@]}" tests/gpu
+step gpu_tests_n2 90 test "$MPIEXEC" -n 2 "$PY" -m mpi4py -m pytest -q -p no:cacheprovider -rs \
+  "${COLLECT[@]}" tests/gpu
 step bench_kernel 30 bench "$PY" benchmarks/bench_gpu.py kernel --mib "${RINGTUNE_CHECK_KERNEL_MIB:-256}" \
   --json "$LOG_DIR/kernel.json"
 step bench_allreduce 40 bench "$PY" benchmarks/bench_gpu.py allreduce -np 2 -b 64K -e 64M \
