@@ -53,7 +53,13 @@ def size_text(n: int) -> str:
     return f"{n} B"
 
 
+def gbps_text(gbps: float) -> str:
+    """``12.34 GB/s``; below 1 GB/s three significant digits (``0.000512 GB/s``), so a
+    latency-bound small bucket does not read as ``0.00``."""
+    return f"{gbps:.2f} GB/s" if gbps >= 1 else f"{gbps:.3g} GB/s"
+
+
 def best_text(summary_best: float | None, nbytes: int, n: int) -> str:
     if summary_best is None:
         return "-"
-    return f"{busbw(nbytes, summary_best, n):.2f} GB/s ({summary_best:.0f} us)"
+    return f"{gbps_text(busbw(nbytes, summary_best, n))} ({summary_best:.0f} us)"

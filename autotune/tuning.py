@@ -36,7 +36,7 @@ from .choose import AB_SHARE, ab_choice, build_profile, native_config
 from .lockstep import abort, on_root
 from .naming import default_storage, study_name, world_identity
 from .objective import TrialOutcome, evaluate, timing_for
-from .progress import Progress, best_text, size_text
+from .progress import Progress, best_text, gbps_text, size_text
 from .records import BucketSummary, Choice, TuneError, TuneOptions, TuneResult
 from .storelock import storage_lock
 from .watchdog import Watchdog
@@ -284,7 +284,7 @@ def _tune_bucket(comm: Any, runtime: Communicator, opts: TuneOptions, storage: A
     summary = on_root(comm, lambda: driver.finish(reason))  # type: ignore[union-attr]
     if summary.top:
         cfg, t = summary.top[0]
-        best = f"{cfg.text()} {busbw(nbytes, t, n):.2f} GB/s"
+        best = f"{cfg.text()} {gbps_text(busbw(nbytes, t, n))}"
     else:
         best = "nothing passed the check"
     progress.line(f"bucket {index + 1}/{len(opts.buckets)} {size_text(nbytes)}: "

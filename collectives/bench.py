@@ -302,10 +302,13 @@ def run_bench(comm: Communicator, sizes: Sequence[int], dtype: str = "float32",
 
 
 def _algo_label(m: Measurement) -> str:
+    """``multiring(r2,c65536)``: the table's narrow column; the two parameters every ring
+    has are abbreviated, other numeric ones keep their name (``sleep(seconds=0.0)``), text
+    and lists are left to the full configuration text of the reports."""
     if not m.params:
         return m.algorithm
     short = {"rings": "r", "chunk_bytes": "c"}
-    bits = [f"{short.get(k, k)}{v}" for k, v in m.params.items()
+    bits = [f"{short[k]}{v}" if k in short else f"{k}={v}" for k, v in m.params.items()
             if k in short or not isinstance(v, (str, list))]
     return f"{m.algorithm}({','.join(bits)})" if bits else m.algorithm
 
