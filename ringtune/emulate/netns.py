@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from ringtune.errors import CommandFailed
 
-from .spec import EmulatedCluster
+from .spec import DEFAULT_MTU, EmulatedCluster
 
 PREFIX = "rtemu"
 #: Lock file and per-run files (shim, hostfile); /run is a tmpfs, gone at reboot like netns.
@@ -228,6 +228,10 @@ class Network:
         at ``rate_bps`` on both ends."""
         _run(["ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", peer_dev,
               "netns", peer_ns])
+        if self.spec.mtu != DEFAULT_MTU:
+            # Both ends; a bridge takes its ports' smallest MTU, so it follows.
+            _run(["ip", "-n", sw, "link", "set", port, "mtu", str(self.spec.mtu)])
+            _run(["ip", "-n", peer_ns, "link", "set", peer_dev, "mtu", str(self.spec.mtu)])
         _run(["ip", "-n", sw, "link", "set", port, "master", "br0", "up"])
         if bridged_peer:
             _run(["ip", "-n", peer_ns, "link", "set", peer_dev, "master", "br0"])

@@ -61,6 +61,12 @@ def test_shipped_files_load_for_emulation_and_simulation() -> None:
     (BASE.format(ranks=4, per=2, hosts=2, bw=0.125, lpr=0.5)
      + "emulate: {hostname_prefix: 'Bad Name'}\n", "emulate.hostname_prefix"),
     (BASE.format(ranks=4, per=2, hosts=2, bw="0.0001", lpr=0.5), "at least 1 Mbit/s"),
+    (BASE.format(ranks=4, per=2, hosts=2, bw=0.125, lpr=0.5) + "emulate: {mtu: 100}\n",
+     "emulate.mtu: expected an integer 576..65535"),
+    (BASE.format(ranks=4, per=2, hosts=2, bw=0.125, lpr=0.5) + "emulate: {mtu: 9000.0}\n",
+     "emulate.mtu"),
+    (BASE.format(ranks=4, per=2, hosts=2, bw=0.125, lpr=0.5) + "emulate: {mtu: true}\n",
+     "emulate.mtu"),
     ("name: t\nranks: 2\nmemory_gbs: 10\nlevels:\n"
      "  - {name: shm, size: 2, bandwidth_gbs: 2, latency_us: 1}\n",
      "emulation needs a network level"),
@@ -75,6 +81,12 @@ def test_bad_cluster_file_is_one_line_exit_2(tmp_path: Path, text: str, message:
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], res.stderr
+
+
+def test_mtu_defaults_to_ethernet_and_takes_jumbo_frames(tmp_path: Path) -> None:
+    text = BASE.format(ranks=4, per=2, hosts=2, bw=0.125, lpr=0.5)
+    assert load_emulated(_file(tmp_path, text), cores=2).mtu == 1500
+    assert load_emulated(_file(tmp_path, text + "emulate: {mtu: 9000}\n"), cores=2).mtu == 9000
 
 
 def test_oversubscribe_is_an_explicit_choice(tmp_path: Path) -> None:
