@@ -329,10 +329,11 @@ class Model:
         (POSIX ``release_gather``): the message crosses the host level in
         ``MPICH_SHM_CELL_BYTES`` cells. Each cell costs its bytes from every other rank of
         the host at the level's bandwidth, for the reduce the leader's reduction of what it
-        received, and a hand-off: the level's latency, paid once per ``MPICH_SHM_CELLS``
-        cells (a writer fills every free cell before it waits for the reader). Where ranks
-        wait for a core (more ranks than cores), the probe's latency between ranks of a host
-        is that wait, and it is what makes thousands of hand-offs slower than one message."""
+        received, and one hand-off between two processes through shared flags: the
+        library's per-message software cost (``native_over``; a calibration from the probe
+        takes half the median small-message latency), not the level's wire latency, which
+        the cells in flight (``MPICH_SHM_CELLS``) overlap. Thousands of hand-offs are what
+        make this slower than one large message (a 64 MiB bcast: 8192 cells)."""
         k = self.cluster.ranks_per_host
         if k <= 1 or self.cluster.host_levels != 1:  # no host level of its own to cross
             return np.zeros_like(region)
@@ -345,7 +346,7 @@ class Model:
         cells = np.maximum(1.0, np.ceil(region / MPICH_SHM_CELL_BYTES))
         cell = region / cells
         latency = float(np.max(terms[:, 0]))
-        t = self.step(terms, cell) - latency + latency / MPICH_SHM_CELLS
+        t = self.step(terms, cell) - latency + self.native_over
         if reduce:
             t = t + self.reduce_time(cell * (k - 1), True)
         return cells * t
