@@ -306,9 +306,10 @@ class Model:
         """Whether the library's allreduce runs MPICH's node-aware composition here: MPICH
         (``native_model`` "mpich"), more than one host and more than one rank per host.
 
-        MPICH 5's ch4 selection (its built-in JSON, the same as the source's
-        ``maint/tuning/coll/ch4/generic.json``) takes, for a commutative op on a communicator
-        that spans nodes, ``MPIDI_Allreduce_intra_composition_alpha`` at every size:
+        MPICH 5.0.2's ch4 selection (the JSON compiled into libmpi; older sources'
+        ``maint/tuning/coll/ch4/generic.json`` took it only up to 32 KiB) takes, for a
+        commutative op on a communicator that spans nodes,
+        ``MPIDI_Allreduce_intra_composition_alpha`` at every size:
         intra-node reduce to the node's first rank, allreduce among those node leaders,
         intra-node bcast. Measured on 2 emulated hosts x 2 ranks, the default ran within
         0.95-1.08x of ``MPIR_CVAR_ALLREDUCE_COMPOSITION=1`` (alpha) at 1-64 MiB and
