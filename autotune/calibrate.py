@@ -52,7 +52,8 @@ def _get(obj: Any, *names: str) -> Any:
 
 
 def calibrate(source: Any, hosts: Sequence[int] | None = None, memory_gbs: float | None = None,
-              overhead_us: float | None = None, name: str = "calibrated") -> Cluster:
+              overhead_us: float | None = None, name: str = "calibrated",
+              native_model: str = "best") -> Cluster:
     """A ``Cluster`` of this world from measurements.
 
     ``source`` is a ``Cluster`` (returned as is), a mapping or object with
@@ -63,6 +64,9 @@ def calibrate(source: Any, hosts: Sequence[int] | None = None, memory_gbs: float
     ``hosts``, a ``Topology``'s layout is used when it has one. A ``concurrent_gbps``
     matrix next to the bandwidth (``probes.links.measure``) sets each outer level's
     ``links_per_rank``; without one, every rank is taken to have a link of its own.
+    ``native_model`` (``Cluster.native_model``): ``"mpich"`` when ``native`` is MPICH's
+    MPI_Allreduce on host buffers (the model then follows MPICH's selection, its node-aware
+    composition across hosts included), ``"best"`` for an ideal library.
     """
     if isinstance(source, Cluster):
         return source
@@ -114,7 +118,8 @@ def calibrate(source: Any, hosts: Sequence[int] | None = None, memory_gbs: float
         levels.append(Level(label, max(1, units), _median(bw[mask], 1.0),
                             max(0.0, _median(lat[mask], 1.0) - over), share, True, "measured"))
     return Cluster(name=name, levels=tuple(levels), memory_gbs=mem, overhead_us=over,
-                   description=f"calibrated from measured links ({len(levels)} tiers)")
+                   description=f"calibrated from measured links ({len(levels)} tiers)",
+                   native_model=native_model)
 
 
 def _nested_tiers(bw: np.ndarray, hosts: Sequence[int]) -> list[list[int]] | None:

@@ -2,7 +2,9 @@
 
 Use ``ab_choice`` after the search, on every rank (it is collective): it re-measures a
 bucket's best candidates and its neighbours' winners against ``native``, interleaved A/B,
-and keeps a non-native choice only when it beats native by ``--margin``. Use
+and keeps a non-native choice only when it beats native by ``--margin`` and by native's
+own measurement noise, and then wins again in every round of a confirmation that times it
+and native side by side (``confirm``). Use
 ``rule_bounds`` and ``build_profile`` to turn the choices into the profile mapping (one rule
 per bucket, adjacent equal choices merged).
 """
@@ -28,6 +30,9 @@ from .records import BucketSummary, Choice, TuneOptions
 AB_SHARE = 0.15
 #: Interleaved A/B rounds per bucket; each round times native and every candidate once.
 AB_ROUNDS = 3
+#: Rounds of the confirmation of a non-native winner: native and the winner side by side,
+#: the order alternated so that a drift of the machine's load favours neither.
+CONFIRM_ROUNDS = 3
 
 
 def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[BucketSummary],
@@ -73,14 +78,67 @@ def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[Buck
         for j, c in enumerate(everyone):
             times[j].append(timed(c, timing.warmup, timing.iters))
     runtime.clear_plans()
-    med = [sorted(t)[len(t) // 2] for t in times]
+    med = [_median(t) for t in times]
     native_t = med[0]
     best_j = min(range(len(everyone)), key=lambda j: med[j])
+    note = ""
     if best_j != 0 and med[best_j] * (1 + opts.margin) > native_t:
         best_j = 0  # not a clear enough win over native: keep the library's own
+        note = f"native kept: the best candidate did not beat it by --margin {opts.margin:g}"
+    if best_j != 0:
+        winner = everyone[best_j]
+        pairs: list[tuple[float, float]] = []
+        for r in range(CONFIRM_ROUNDS):
+            if r % 2 == 0:
+                nat = timed(native, timing.warmup, timing.iters)
+                win = timed(winner, timing.warmup, timing.iters)
+            else:
+                win = timed(winner, timing.warmup, timing.iters)
+                nat = timed(native, timing.warmup, timing.iters)
+            pairs.append((nat, win))
+        runtime.clear_plans()
+        times[0] += [nat for nat, _ in pairs]
+        times[best_j] += [win for _, win in pairs]
+        native_t = med[0] = _median(times[0])
+        med[best_j] = _median(times[best_j])
+        verdict = confirm(times[0], times[best_j], pairs, opts.margin)
+        if verdict:
+            best_j, note = 0, f"native kept: {winner.text()} {verdict}"
     return Choice(nbytes, everyone[best_j], med[best_j], native_t,
                   busbw(nbytes, med[best_j], n), busbw(nbytes, native_t, n),
-                  [(everyone[j], med[j]) for j in range(len(med))])
+                  [(everyone[j], med[j]) for j in range(len(med))], note=note)
+
+
+def noise(times: Sequence[float]) -> float:
+    """Relative measurement noise of one configuration timed in several rounds: half the
+    range over the median (a configuration no faster than native can look this much faster
+    than native's median by chance)."""
+    if len(times) < 2:
+        return 0.0
+    mid = _median(times)
+    return (max(times) - min(times)) / (2 * mid) if mid > 0 else 0.0
+
+
+def confirm(native_times: Sequence[float], winner_times: Sequence[float],
+            pairs: Sequence[tuple[float, float]], margin: float) -> str:
+    """Why a non-native winner is not kept, or "" when it is: it must beat native by
+    ``margin`` in every confirmation round (``pairs``: native's and its time, side by side)
+    and, over all rounds, by more than native's own noise (``noise``)."""
+    lost = [k + 1 for k, (nat, win) in enumerate(pairs) if win * (1 + margin) >= nat]
+    if lost:
+        return (f"lost to native (by --margin {margin:g}) in confirmation round(s) "
+                f"{', '.join(map(str, lost))} of {len(pairs)}")
+    need = max(margin, noise(native_times))
+    gain = _median(native_times) / _median(winner_times) - 1 if _median(winner_times) else 0
+    if gain <= need:
+        return (f"beat native by {100 * gain:.1f}%, within native's measurement noise "
+                f"({100 * noise(native_times):.1f}%)")
+    return ""
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else 0.0
 
 
 def ab_candidates(opts: TuneOptions, summaries: Sequence[BucketSummary], i: int,

@@ -58,6 +58,11 @@ from .primitives import measure as measure
 
 #: MPICH's default MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE: recursive doubling up to this size.
 MPICH_SHORT_BYTES = 2048
+#: One hand-off of MPICH's intra-node reduce and bcast (POSIX ``release_gather``): a shared
+#: buffer of MPIR_CVAR_{REDUCE,BCAST}_INTRANODE_BUFFER_TOTAL_SIZE (32768) bytes in
+#: MPIR_CVAR_*_INTRANODE_NUM_CELLS (4) cells; a message crosses the host cell by cell.
+MPICH_SHM_CELLS = 4
+MPICH_SHM_CELL_BYTES = 32768 // MPICH_SHM_CELLS
 
 
 def model_algorithms() -> tuple[str, ...]:
@@ -98,6 +103,7 @@ class Model:
 
     cluster: Cluster
     _terms: dict[Any, np.ndarray] = field(default_factory=dict, repr=False)
+    _leaders: Model | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         c = self.cluster
@@ -295,6 +301,56 @@ class Model:
                            region if d > p else region * (1.0 - 1.0 / p))
         return (np.where(region <= MPICH_SHORT_BYTES, doubling, halving)
                 + self.fresh_pages_time(region, touched))
+
+    def node_aware_native(self) -> bool:
+        """Whether the library's allreduce runs MPICH's node-aware composition here: MPICH
+        (``native_model`` "mpich"), more than one host and more than one rank per host.
+
+        MPICH 5.0.2's ch4 selection (the JSON compiled into libmpi; older sources'
+        ``maint/tuning/coll/ch4/generic.json`` took it only up to 32 KiB) takes, for a
+        commutative op on a communicator that spans nodes,
+        ``MPIDI_Allreduce_intra_composition_alpha`` at every size:
+        intra-node reduce to the node's first rank, allreduce among those node leaders,
+        intra-node bcast. Measured on 2 emulated hosts x 2 ranks, the default ran within
+        0.95-1.08x of ``MPIR_CVAR_ALLREDUCE_COMPOSITION=1`` (alpha) at 1-64 MiB and
+        1.37-1.68x slower than ``=2`` (the flat halving/doubling), BENCHMARKS.md."""
+        c = self.cluster
+        return (c.native_model == "mpich" and c.host_levels == 1 and c.hosts > 1
+                and c.ranks_per_host > 1)
+
+    def node_leaders(self) -> Model:
+        """The model of the node leaders' world: one rank per host, the host's links all
+        its own (``Cluster.flat_hosts``)."""
+        if self._leaders is None:
+            self._leaders = Model(self.cluster.flat_hosts())
+        return self._leaders
+
+    def shm_cells_phase(self, region: np.ndarray, reduce: bool) -> np.ndarray:
+        """MPICH's intra-node reduce to the host's first rank (``reduce``) or bcast from it
+        (POSIX ``release_gather``): the message crosses the host level in
+        ``MPICH_SHM_CELL_BYTES`` cells. Each cell costs its bytes from every other rank of
+        the host at the level's bandwidth, for the reduce the leader's reduction of what it
+        received, and one hand-off between two processes through shared flags: the
+        library's per-message software cost (``native_over``; a calibration from the probe
+        takes half the median small-message latency), not the level's wire latency, which
+        the cells in flight (``MPICH_SHM_CELLS``) overlap. Thousands of hand-offs are what
+        make this slower than one large message (a 64 MiB bcast: 8192 cells)."""
+        k = self.cluster.ranks_per_host
+        if k <= 1 or self.cluster.host_levels != 1:  # no host level of its own to cross
+            return np.zeros_like(region)
+        key = ("shm_cells",)
+        if key not in self._terms:
+            hosts = np.arange(0, self.n, k, dtype=np.int64)
+            others = (hosts[:, None] + np.arange(1, k)[None, :]).ravel()
+            self._terms[key] = self.flow_terms(others, np.repeat(hosts, k - 1))
+        terms = self._terms[key]
+        cells = np.maximum(1.0, np.ceil(region / MPICH_SHM_CELL_BYTES))
+        cell = region / cells
+        latency = float(np.max(terms[:, 0]))
+        t = self.step(terms, cell) - latency + self.native_over
+        if reduce:
+            t = t + self.reduce_time(cell * (k - 1), True)
+        return cells * t
 
     def fresh_pages_time(self, allocated: np.ndarray, touched: np.ndarray) -> np.ndarray:
         """Page faults of a temporary buffer of ``allocated`` bytes, ``touched`` of them

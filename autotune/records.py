@@ -91,6 +91,9 @@ class Choice:
     #: reuses the recorded choice with these (``autotune.replay``).
     measured_at: str | None = None
     seconds: float = 0.0
+    #: Why native was kept over a faster-looking candidate ("" otherwise): not a win by
+    #: ``--margin``, within native's noise, or lost in the confirmation (``choose.confirm``).
+    note: str = ""
 
     @property
     def algorithm(self) -> str:

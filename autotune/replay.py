@@ -5,8 +5,9 @@ The search is resumable (``autotune.bucket_search``), but the A/B re-measurement
 nothing new to search would then choose differently and rewrite the profile with other
 rules. So each bucket's choice is recorded in its study (user attribute ``ab_choice``)
 together with what it was chosen from (``choice_inputs``: native, the candidates, the
-margin). A later run reuses the record when those inputs are unchanged and measures again
-only when the search gave the bucket, or a neighbour, a new best.
+margin, the confirmation's rounds). A later run reuses the record when those inputs are
+unchanged and measures again only when the search gave the bucket, or a neighbour, a new
+best.
 
 Use ``load_choices`` and ``save_choice`` on rank 0 (they touch the storage), inside
 ``autotune.lockstep.on_root``; ``reuse`` on every rank.
@@ -22,7 +23,7 @@ from typing import Any
 from collectives.plan import Config
 
 from . import space
-from .choose import ab_candidates
+from .choose import CONFIRM_ROUNDS, ab_candidates
 from .records import BucketSummary, Choice, TuneOptions
 
 #: The study user attribute that holds the bucket's recorded choice.
@@ -36,7 +37,10 @@ def choice_inputs(opts: TuneOptions, summaries: Sequence[BucketSummary], i: int,
     return {"native": space.config_key(native),
             "own": [space.config_key(c) for c in own],
             "borrowed": [space.config_key(c) for c in borrowed],
-            "margin": opts.margin}
+            "margin": opts.margin,
+            # Choices recorded before the confirmation of a winner against native (or
+            # with another number of rounds) are measured again, not reused.
+            "confirm_rounds": CONFIRM_ROUNDS}
 
 
 def choice_to_record(choice: Choice, inputs: dict[str, Any]) -> dict[str, Any]:

@@ -180,7 +180,8 @@ def write_report(folder: str, result: Any) -> list[str]:
           "## Rules", "", markdown_table(RULE_HEADER, rule_rows(result.profile)), "",
           "## Buckets (interleaved A/B re-measurement against native)", "",
           markdown_table(BUCKET_HEADER, bucket_rows(result)), "",
-          "![busbw vs size](busbw.png)", ""]
+          *[f"- {human_bytes(c.nbytes)}: {c.note}" for c in result.choices if c.note],
+          "", "![busbw vs size](busbw.png)", ""]
     mdpath = os.path.join(folder, "report.md")
     write_text_atomic(mdpath, "\n".join(md))
     return [png, mdpath]

@@ -45,7 +45,15 @@ class Native(Algorithm):
 
     @classmethod
     def cost(cls, model: Any, params: Mapping[str, Any], sizes: Any) -> Any:
-        """The library's allreduce as the model knows it (``Model.native_allreduce``)."""
+        """The library's allreduce as the model knows it: on MPICH across hosts with several
+        ranks per host, its node-aware composition (``Model.node_aware_native``): the
+        intra-node reduce, the node leaders' allreduce, the intra-node bcast (an ``impl``
+        applies to the leaders' allreduce); elsewhere ``Model.native_allreduce``."""
+        if model.node_aware_native():
+            leaders = model.node_leaders()
+            return (model.shm_cells_phase(sizes, True)
+                    + leaders.native_allreduce(1, leaders.n, sizes)
+                    + model.shm_cells_phase(sizes, False))
         return model.native_allreduce(1, model.n, sizes)
 
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -162,8 +163,9 @@ def test_build_profile_merges_equal_neighbours_and_validates() -> None:
 
 def test_rule_table_and_report(tmp_path: Any) -> None:
     ring = {"rings": 2, "chunk_bytes": 0, "order": "topology"}
-    result = _result([_choice(4096, "native", {}, 12.0, 12.0),
-                      _choice(1 << 20, "multiring", ring, 100.0, 150.0)])
+    kept = dataclasses.replace(_choice(4096, "native", {}, 12.0, 12.0),
+                               note="native kept: rhd lost to native in round 2 of 3")
+    result = _result([kept, _choice(1 << 20, "multiring", ring, 100.0, 150.0)])
     table = rule_table(result.profile)
     assert "multiring" in table and "1.50x" in table and "1.00x" in table
     md = markdown_table(["a", "b"], [["1", "x|y"]])
@@ -174,6 +176,7 @@ def test_rule_table_and_report(tmp_path: Any) -> None:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
     text = open(mdpath).read()
     assert "| multiring |" in text and "busbw.png" in text
+    assert "- 4 KiB: native kept: rhd lost to native in round 2 of 3" in text
     assert not [f for f in os.listdir(tmp_path / "rep") if f.endswith(".tmp")]
 
 

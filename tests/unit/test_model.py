@@ -303,6 +303,62 @@ def test_native_follows_mpich_choice_rates_and_temporary_buffer() -> None:
     assert one_level(n).native_model == "best"
 
 
+def two_hosts(native_model: str = "mpich") -> Cluster:
+    """2 hosts x 2 ranks: shared memory 2 GB/s, 40 us; uplinks 0.1 GB/s, 30 us, shared."""
+    return Cluster("2x2", (Level("host", 2, 2.0, 40.0, 1.0, True),
+                           Level("network", 2, 0.1, 30.0, 0.5, True)),
+                   memory_gbs=30.0, overhead_us=3.0, native_model=native_model,
+                   native_overhead_us=1.0)
+
+
+def test_mpich_native_across_hosts_is_reduce_leaders_allreduce_bcast() -> None:
+    """MPICH's node-aware composition: the release_gather reduce to each host's first rank
+    (8 KiB cells, each one hand-off at the library's per-message cost, the wire latency
+    overlapped), the leaders' halving/doubling over the whole uplink (one rank per host: no
+    sharing), the release_gather bcast."""
+    from autotune.model import MPICH_SHM_CELL_BYTES
+
+    m = Model(two_hosts())
+    assert m.node_aware_native()
+    size = 64 * MPICH_SHM_CELL_BYTES
+    cells, cell = 64, MPICH_SHM_CELL_BYTES
+    bw_host, red, o = 2e9, 30e9 / 3, 1e-6
+    bcast = cells * (o + cell / bw_host)
+    reduce = cells * (o + cell / bw_host + cell / red)
+    # Two leaders: one exchange of half the buffer each way to reduce-scatter, one to gather,
+    # each at the uplink's full 0.1 GB/s (the host's one link is the leader's alone).
+    half = size / 2
+    leaders = 2 * (30e-6 + half / 0.1e9 + 2 * o) + half / red
+    assert m.time("native", {}, [size])[0] == pytest.approx(bcast + reduce + leaders,
+                                                            rel=1e-9)
+    # The flat halving/doubling over all four ranks (what MPICH runs with composition 2,
+    # and what the model said before) is a different number: both ranks of a host share
+    # the uplink in its cross-host step.
+    flat = m.native_allreduce(1, 4, np.array([float(size)]))[0]
+    assert flat != pytest.approx(bcast + reduce + leaders, rel=1e-3)
+    # Not MPICH, one host, or one rank per host: no composition.
+    assert not Model(two_hosts("best")).node_aware_native()
+    assert not Model(mpich_level(4)).node_aware_native()
+    one_per_host = replace(two_hosts(), levels=(
+        Level("host", 1, 2.0, 40.0), Level("network", 4, 0.1, 30.0)))
+    assert not Model(one_per_host).node_aware_native()
+    for c in (two_hosts("best"), mpich_level(4), one_per_host):
+        mm = Model(c)
+        sizes = np.array([float(size)])
+        assert mm.time("native", {}, sizes)[0] == pytest.approx(
+            mm.native_allreduce(1, mm.n, sizes)[0], rel=1e-12)
+
+
+def test_calibrate_passes_the_native_model_through() -> None:
+    bw = [[np.nan, 2.0, 0.1, 0.1], [2.0, np.nan, 0.1, 0.1],
+          [0.1, 0.1, np.nan, 2.0], [0.1, 0.1, 2.0, np.nan]]
+    lat = [[np.nan if i == j else 40.0 for j in range(4)] for i in range(4)]
+    hosts = [0, 0, 1, 1]
+    assert calibrate((bw, lat), hosts=hosts, memory_gbs=30.0).native_model == "best"
+    c = calibrate((bw, lat), hosts=hosts, memory_gbs=30.0, native_model="mpich")
+    assert c.native_model == "mpich" and Model(c).node_aware_native()
+
+
 def test_native_uses_the_library_reduction_rate_and_message_cost() -> None:
     m = Model(mpich_level(2))
     sizes = np.array([1e6])
