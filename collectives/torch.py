@@ -29,6 +29,11 @@ Modes (``HookState(comm, staleness=..., average_every=...)``; both off by defaul
   gradients and ``state.average_parameters(model.parameters())`` after ``optimizer.step()``
   averages the parameters every H-th step (call it every step).
 
+Channels (``HookState(comm, channels=2)``, off by default): bucket i is averaged on
+channel i % 2, each channel a duplicate of ``comm`` with its own communication thread, so
+that two buckets are in flight at once: on a tiered cluster one bucket's inter-host phase
+runs while the next one's intra-host phase uses the cores. Needs ``MPI_THREAD_MULTIPLE``.
+
 The first time a bucket layout is seen the ranks compare it (one small allgather on the
 communication thread): ranks whose models differ fail together with the layouts named,
 instead of reducing mismatched buckets.
