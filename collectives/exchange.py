@@ -50,14 +50,14 @@ QUIET_PROGRESS_ENV = {
 }
 
 #: The communication thread's scheduler slice (µs) unless ``RINGTUNE_EXCHANGE_SLICE_US``
-#: says otherwise (``0``: the kernel's default, ~1.4 ms on 2 CPUs). Linux ≥ 6.12 (EEVDF
-#: with ``PREEMPT_SHORT``) lets a waking thread whose slice is shorter preempt the running
-#: one; with the kernel's default slice a comm thread woken by arriving data or by MPICH's
-#: throttled polls waits for backward's slice to end, and on shared cores it spent 20–40 ms
-#: of each 4 MB bucket runnable but off-CPU (BENCHMARKS.md, issue 11, third pass). The thread
-#: does a little work per wake-up and sleeps again, so a short slice costs backward little.
-#: Older kernels ignore the setting. Needs no privilege (unlike a lower nice value).
-DEFAULT_SLICE_US = 100
+#: says otherwise; ``None``: the kernel's (~1.4 ms on 2 CPUs). On Linux ≥ 6.12 (EEVDF with
+#: ``PREEMPT_SHORT``) a waking thread whose slice is shorter preempts the running one, so a
+#: short slice (e.g. 100) lets data that arrives during backward move on at once instead of
+#: after backward's slice: the traces of BENCHMARKS.md (issue 11, third pass) showed the
+#: thread runnable but off-CPU 4–40 ms of each 4 MB bucket. Measured side by side it was not
+#: a clear gain (+3 and −18 points of overlap in two runs: preempting backward more often
+#: costs backward too), so it is opt-in. Needs no privilege (unlike a lower nice value).
+DEFAULT_SLICE_US: float | None = None
 
 #: Seconds ``close()`` waits for queued work before giving up on the thread (it is a daemon:
 #: a hung collective cannot keep the process alive).
@@ -340,7 +340,8 @@ def _env_us(name: str, default: float | None, rank: int) -> tuple[float | None, 
 
 def _start_latency(rank: int) -> None:
     """The communication thread's slice and timer slack (``RINGTUNE_EXCHANGE_SLICE_US``,
-    default ``DEFAULT_SLICE_US``; ``RINGTUNE_EXCHANGE_SLACK_US``, default the kernel's).
+    default ``DEFAULT_SLICE_US``; ``RINGTUNE_EXCHANGE_SLACK_US``, default the kernel's;
+    e.g. ``RINGTUNE_EXCHANGE_SLICE_US=100``).
     A default that the kernel refuses is silent; a value the user set warns."""
     slice_us, slice_set = _env_us("RINGTUNE_EXCHANGE_SLICE_US", DEFAULT_SLICE_US, rank)
     slack_us, slack_set = _env_us("RINGTUNE_EXCHANGE_SLACK_US", None, rank)
