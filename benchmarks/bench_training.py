@@ -121,11 +121,17 @@ def _header(args: argparse.Namespace, what: str) -> None:
 
 def bench_step(args: argparse.Namespace, ring: Communicator) -> None:
     _header(args, "step time, DDP + ringtune hook vs DDP default (gloo)")
+    from collectives.torch import HookState, ddp_hook
+
     data = digits()
     models = {}
-    for hook in ("ringtune", "gloo"):
-        ddp, state = wrap(build_model(args), hook, ring, args.bucket_cap_mb)
-        models[hook] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), state)
+    for c in _channel_counts(args):
+        ddp, _ = wrap(build_model(args), "gloo", ring, args.bucket_cap_mb)
+        state = HookState(ring, channels=c)
+        ddp.register_comm_hook(state, ddp_hook)
+        models[_hook_name(c)] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), state)
+    ddp, _ = wrap(build_model(args), "gloo", ring, args.bucket_cap_mb)
+    models["gloo"] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), None)
     for ddp, opt, _ in models.values():  # warm-up: bucket rebuild, plans, gloo pairs
         _steps(ddp, opt, 0, 3, args.batch, data)
     times: dict[str, list[float]] = {h: [] for h in models}
@@ -137,7 +143,13 @@ def bench_step(args: argparse.Namespace, ring: Communicator) -> None:
                                                                 args.batch, data))
             times[hook].append(t / args.steps)
     med = {h: statistics.median(v) * 1e3 for h, v in times.items()}
-    state = models["ringtune"][2]
+    if args.trace:
+        for c in _channel_counts(args):
+            ddp, opt, st = models[_hook_name(c)]
+            _print_timeline(f"DDP + {_hook_name(c)} hook", _timeline(
+                ddp, opt, 3 + args.rounds * args.steps, args.steps, args.batch, data,
+                [ex for _, ex in st.channels]))
+    state = models[_hook_name(_channel_counts(args)[0])][2]
     if RANK == 0 and state is not None:
         # What the profile chose for each bucket (the plans the hook cached while warming up).
         for index, (buf, _, prepared, _) in sorted(state._fast.items()):
@@ -148,7 +160,20 @@ def bench_step(args: argparse.Namespace, ring: Communicator) -> None:
         print("|---|---|---|")
         for h in models:
             print(f"| {h} | {med[h]:.2f} | {', '.join(f'{x * 1e3:.1f}' for x in times[h])} |")
-        print(f"ratio gloo / ringtune: {med['gloo'] / med['ringtune']:.2f}x")
+        for c in _channel_counts(args):
+            h = _hook_name(c)
+            print(f"ratio gloo / {h}: {med['gloo'] / med[h]:.2f}x")
+    for _, _, st in models.values():
+        if st is not None:
+            st.close()
+
+
+def _channel_counts(args: argparse.Namespace) -> list[int]:
+    return [int(c) for c in str(args.channels).split(",")]
+
+
+def _hook_name(channels: int) -> str:
+    return "ringtune" if channels == 1 else f"ringtune, {channels} channels"
 
 
 def _noop_hook(state: Any, bucket: Any) -> Any:
@@ -164,24 +189,33 @@ _noop_hook.__annotations__ = {"state": object, "bucket": torch.distributed.GradB
 def bench_overlap(args: argparse.Namespace, ring: Communicator) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from collectives.exchange import exchanger_for
+    from collectives.exchange import set_thread_latency
+    from collectives.torch import HookState, ddp_hook
 
     _header(args, f"overlap of exchange with backward, buckets of {args.bucket_cap_mb} MB")
     data = digits()
     compute = DDP(build_model(args), bucket_cap_mb=args.bucket_cap_mb)
     compute.register_comm_hook(None, _noop_hook)
-    together, _ = wrap(build_model(args), "ringtune", ring, args.bucket_cap_mb)
     opt_c = torch.optim.SGD(compute.parameters(), lr=0.01)
-    opt_t = torch.optim.SGD(together.parameters(), lr=0.01)
     _steps(compute, opt_c, 0, 3, args.batch, data)
-    _steps(together, opt_t, 0, 3, args.batch, data)
+    # One DDP model per channel count (HookState(channels=c)), each with its own optimizer.
+    hooked: dict[int, tuple[nn.Module, Any, HookState]] = {}
+    for c in _channel_counts(args):
+        ddp = DDP(build_model(args), bucket_cap_mb=args.bucket_cap_mb)
+        st = HookState(ring, channels=c)
+        ddp.register_comm_hook(st, ddp_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        _steps(ddp, opt, 0, 3, args.batch, data)
+        hooked[c] = (ddp, opt, st)
     sizes = [int(s) for s in compute._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(",")]
     buckets = [torch.zeros(s // 4) for s in sizes]
-    ex = exchanger_for(ring)
 
-    def comm_only() -> None:
+    def comm_only(st: HookState) -> None:
+        """The same buckets, averaged on the hook's channels in the hook's mapping."""
+        chans = st.channels
         for _ in range(args.steps):
-            futs = [ex.submit(ring.allreduce, b, "avg") for b in buckets]
+            futs = [chans[i % len(chans)][1].submit(chans[i % len(chans)][0].allreduce, b,
+                                                    "avg") for i, b in enumerate(buckets)]
             for f in futs:
                 f.result()
 
@@ -191,31 +225,131 @@ def bench_overlap(args: argparse.Namespace, ring: Communicator) -> None:
             for w in works:
                 w.wait()
 
-    t: dict[str, list[float]] = {"compute": [], "comm": [], "together": [], "gloo": []}
+    def latency(v: tuple[float, float] | None) -> None:
+        """Every communication thread's slice and timer slack for the next measurement."""
+        if v is not None:
+            for _, _, st in hooked.values():
+                for _, ex in st.channels:
+                    ex.submit(set_thread_latency, v[0], v[1]).result()
+
+    variants: list[tuple[float, float] | None] = [None]
+    if args.variants:
+        variants = [(float(a), float(b)) for a, b in
+                    (v.split("/") for v in args.variants.split(","))]
+    runs = [(c, v) for c in hooked for v in variants]
+
+    def name(c: int, v: tuple[float, float] | None) -> str:
+        return f"{c} ch" + ("" if v is None else f", {v[0]:g}/{v[1]:g} µs")
+
+    t: dict[str, list[float]] = {"compute": [], "gloo": []}
+    t.update({f"comm {c}": [] for c in hooked})
+    t.update({name(c, v): [] for c, v in runs})
     for r in range(args.rounds):
         first = 3 + r * args.steps
         t["compute"].append(_sync_time(
             lambda f=first: _steps(compute, opt_c, f, args.steps, args.batch, data)))
-        t["comm"].append(_sync_time(comm_only))
-        t["together"].append(_sync_time(
-            lambda f=first: _steps(together, opt_t, f, args.steps, args.batch, data)))
+        latency(variants[0])
+        for c, (_, _, st) in hooked.items():
+            t[f"comm {c}"].append(_sync_time(lambda s=st: comm_only(s)))
+        # Variants in an order that turns each round, so that load drift within a round
+        # does not favour one of them.
+        for k in range(len(runs)):
+            c, v = runs[(k + r) % len(runs)]
+            latency(v)
+            ddp, opt, _ = hooked[c]
+            t[name(c, v)].append(_sync_time(
+                lambda d=ddp, o=opt, f=first: _steps(d, o, f, args.steps, args.batch, data)))
         t["gloo"].append(_sync_time(gloo_only))
+    latency(variants[-1])
+    if args.trace:
+        # Outside the timed rounds: the trace's own per-job cost stays out of the figures.
+        first = 3 + args.rounds * args.steps
+        for c, (ddp, opt, st) in hooked.items():
+            exs = [ex for _, ex in st.channels]
+            _print_timeline(f"together, ringtune hook, {c} channel(s)",
+                            _timeline(ddp, opt, first, args.steps, args.batch, data, exs))
     med = {k: statistics.median(v) / args.steps * 1e3 for k, v in t.items()}
-    hidden = (med["compute"] + med["comm"] - med["together"]) / med["comm"]
-    # Per round too (its three figures measured back to back): load drift between rounds
-    # moves compute-only by tens of percent on a shared machine.
-    per_round = sorted((c + m - g) / m for c, m, g in zip(t["compute"], t["comm"],
-                                                        t["together"]))
     if RANK == 0:
         print(f"buckets per step: {len(sizes)} ({', '.join(str(s) for s in sizes)} B)")
-        print("| compute only (ms) | comm only (ms) | together (ms) | communication hidden "
-              "| hidden, per round (median; range) |")
-        print("|---|---|---|---|---|")
-        print(f"| {med['compute']:.2f} | {med['comm']:.2f} | {med['together']:.2f} | "
-              f"{100 * hidden:.0f}% | {100 * statistics.median(per_round):.0f}% "
-              f"({100 * per_round[0]:.0f} to {100 * per_round[-1]:.0f}%) |")
+        print("| hook channels, exchange thread slice/slack | compute only (ms) | comm only (ms) "
+              "| together (ms) | communication hidden | hidden, per round (median; range) |")
+        print("|---|---|---|---|---|---|")
+    for c, v in runs:
+        n, m = name(c, v), f"comm {c}"
+        hidden = (med["compute"] + med[m] - med[n]) / med[m]
+        # Per round too (its figures measured back to back): load drift between rounds
+        # moves compute-only by tens of percent on a shared machine.
+        per_round = sorted((a + b - g) / b for a, b, g in zip(t["compute"], t[m], t[n]))
+        if RANK == 0:
+            print(f"| {n} | {med['compute']:.2f} | {med[m]:.2f} | {med[n]:.2f} | "
+                  f"{100 * hidden:.0f}% | {100 * statistics.median(per_round):.0f}% "
+                  f"({100 * per_round[0]:.0f} to {100 * per_round[-1]:.0f}%) |")
+    if RANK == 0:
+        c0 = next(iter(hooked))
         print(f"the same buckets through gloo's allreduce alone: {med['gloo']:.2f} ms "
-              f"(gloo / ringtune comm only: {med['gloo'] / med['comm']:.2f}x)")
+              f"(gloo / ringtune comm only, {c0} channel(s): "
+              f"{med['gloo'] / med[f'comm {c0}']:.2f}x)")
+    for _, _, st in hooked.values():
+        st.close()
+
+
+def _timeline(ddp: nn.Module, opt: Any, first: int, count: int, batch: int, data: Any,
+              ex: Any) -> list[dict[str, Any]]:
+    """``count`` steps with the exchange thread's ``JobTrace`` on: per step, the training
+    thread's forward/backward/optimizer marks and its time waiting for a core, and the
+    communication thread's jobs (hand-over, start, end, CPU, waiting for a core)."""
+    from collectives.exchange import _schedstat
+
+    xtr, ytr = data[0], data[1]
+    exs = ex if isinstance(ex, list) else [ex]
+    traces = [e.trace(True) for e in exs]
+    steps = []
+    for step in range(first, first + count):
+        idx = shard(step, len(xtr), batch, RANK, SIZE)
+        WORLD.Barrier()
+        for trace in traces:
+            trace.clear()
+        _, w0 = _schedstat()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        loss = nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx])
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        _, w1 = _schedstat()
+        jobs = sorted((j for trace in traces for j in trace.jobs), key=lambda j: j[1])
+        steps.append({"t0": t0, "fwd": t1 - t0, "bwd": t2 - t1, "opt": t3 - t2,
+                      "waited": w1 - w0, "jobs": jobs})
+    for e in exs:
+        e.trace(False)
+    return steps
+
+
+def _print_timeline(title: str, steps: list[dict[str, Any]]) -> None:
+    """Rank 0 prints the median (over steps) of each bucket's marks, in ms from the start
+    of backward (from the step's start where there is no backward)."""
+    every = WORLD.gather(steps, root=0)
+    if RANK != 0:
+        return
+    med = statistics.median
+    print(f"timeline, {title} (ms from the start of backward; medians over "
+          f"{len(steps)} steps x {SIZE} ranks)")
+    flat = [s for r in every for s in r]
+    print(f"training thread: forward {med(s['fwd'] for s in flat) * 1e3:.1f}, backward "
+          f"{med(s['bwd'] for s in flat) * 1e3:.1f}, optimizer "
+          f"{med(s['opt'] for s in flat) * 1e3:.1f}, waited for a core "
+          f"{med(s['waited'] for s in flat) * 1e3:.1f}")
+    print("| job (bucket, bytes) | handed over | started | ended | on CPU | waited for a core |")
+    print("|---|---:|---:|---:|---:|---:|")
+    njobs = min(len(s["jobs"]) for s in flat)
+    for j in range(njobs):
+        rows = [(s["jobs"][j], s["t0"] + s["fwd"]) for s in flat]
+        label = rows[0][0][0]
+        sub, st, en, cpu, wt = (med((job[k] - base) if k < 4 else job[k]
+                                    for job, base in rows) * 1e3 for k in range(1, 6))
+        print(f"| {label} | {sub:.1f} | {st:.1f} | {en:.1f} | {cpu:.1f} | {wt:.1f} |")
 
 
 class _Bucket:
@@ -345,6 +479,17 @@ def main() -> None:
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--profile", default=None)
+    p.add_argument("--variants", default="",
+                   help="overlap: 'SLICE/SLACK,...' (µs): measure 'together' once per "
+                   "variant each round with the exchange thread's scheduler slice and timer "
+                   "slack set so (collectives.exchange.set_thread_latency; slice 0 = the "
+                   "kernel's default), e.g. 0/50,100/50")
+    p.add_argument("--channels", default="1",
+                   help="step: exchange channels of the ringtune hook (HookState(channels=)); "
+                   "a list such as 1,2 measures one DDP model per count, side by side")
+    p.add_argument("--trace", action="store_true",
+                   help="overlap: after the timed rounds, print each bucket's timeline on "
+                   "the communication thread against backward (collectives.exchange.JobTrace)")
     p.add_argument("--mpi-progress", choices=("spin", "throttle"), default="spin",
                    help="MPICH's waits: its default busy polling, or QUIET_PROGRESS_ENV "
                    "(collectives/exchange.py: sleep after empty polls); give it as "

@@ -29,6 +29,11 @@ Modes (``HookState(comm, staleness=..., average_every=...)``; both off by defaul
   gradients and ``state.average_parameters(model.parameters())`` after ``optimizer.step()``
   averages the parameters every H-th step (call it every step).
 
+Channels (``HookState(comm, channels=2)``, off by default): bucket i is averaged on
+channel i % 2, each channel a duplicate of ``comm`` with its own communication thread, so
+that two buckets are in flight at once: on a tiered cluster one bucket's inter-host phase
+runs while the next one's intra-host phase uses the cores. Needs ``MPI_THREAD_MULTIPLE``.
+
 The first time a bucket layout is seen the ranks compare it (one small allgather on the
 communication thread): ranks whose models differ fail together with the layouts named,
 instead of reducing mismatched buckets.
@@ -54,6 +59,10 @@ from .errors import AgreementError, require_agreement
 from .exchange import exchanger_for
 
 __all__ = ["HookState", "ddp_hook"]
+
+#: Most exchange channels of one ``HookState`` (communication threads each with a
+#: duplicate communicator; more than a few only add threads competing for the cores).
+MAX_CHANNELS = 8
 
 
 def _ready_event(t: Any) -> Any:
@@ -81,7 +90,8 @@ def _on_comm_thread(t: Any, ready: Any) -> None:
 class HookState:
     """State of ``ddp_hook``: the ``Communicator``, its communication thread, the mode."""
 
-    def __init__(self, comm: Any, staleness: int = 0, average_every: int = 1) -> None:
+    def __init__(self, comm: Any, staleness: int = 0, average_every: int = 1,
+                 channels: int = 1) -> None:
         from .communicator import Communicator
 
         if not isinstance(comm, Communicator):
@@ -96,12 +106,21 @@ class HookState:
         if staleness and average_every > 1:
             raise ValueError(f"rank {comm.rank}: choose staleness=1 or average_every>1, not "
                              "both")
+        if isinstance(channels, bool) or not isinstance(channels, int) \
+                or not 1 <= channels <= MAX_CHANNELS:
+            raise ValueError(f"rank {comm.rank}: channels must be an integer 1..{MAX_CHANNELS},"
+                             f" got {channels!r}")
         self.comm = comm
         self.rank: int = comm.rank
         self.world: int = comm.size
         self.staleness = staleness
         self.average_every = average_every
         self.exchanger = exchanger_for(comm)  # checks the MPI thread level
+        #: Per channel: the communicator and its communication thread (channel 0 is
+        #: ``comm``'s own); bucket i goes to channel i % channels (see ``_open_channels``).
+        self.channels: list[tuple[Any, Any]] = [(comm, self.exchanger)]
+        if channels > 1:
+            self._open_channels(channels)
         self.step = 0
         self._checked: set[tuple[Any, ...]] = set()
         # per bucket index: (tensor, flat view, prepared plan, plan key); see _reduce_bucket
@@ -110,6 +129,34 @@ class HookState:
         self._stale: dict[int, Any] = {}
         self._pending: list[_CFuture[Any]] = []
 
+    def _open_channels(self, channels: int) -> None:
+        """More exchange channels: each one a duplicate of ``comm`` with the same profile
+        and topology and its own communication thread, so that bucket k+1's allreduce runs
+        while bucket k's is still in flight. Why: a tier-aware allreduce alternates phases
+        that wait on different resources (``hierarchical``: the shared-memory reduce-scatter
+        and all-gather on the cores, the inter-host phase on the uplink); with one thread
+        the uplink idles during every intra-host phase and the cores idle during the
+        inter-host one. Two buckets in flight fill each other's gaps. Every rank maps bucket
+        i to the same channel and each channel runs its buckets in DDP's order, so the
+        collectives match on every communicator. Needs ``MPI_THREAD_MULTIPLE`` (two threads
+        in MPI at once, on different communicators); checked here, on every rank."""
+        from .communicator import Communicator
+        from .exchange import check_thread_level
+
+        comm = self.comm
+        check_thread_level(comm.rank, concurrent=True)
+
+        profile = comm.profile
+        assert not isinstance(profile, Exception)  # a Communicator raises those at start
+
+        def dup() -> Any:  # collective; on comm's thread, which owns its MPI calls
+            return Communicator(comm.comm.Dup(), profile=profile, strict=comm.strict,
+                                topology=comm.topology)
+
+        for _ in range(channels - 1):
+            extra = self.exchanger.submit(dup).result()
+            self.channels.append((extra, exchanger_for(extra)))
+
     # -- the hook's side ---------------------------------------------------------------
 
     def _signature(self, bucket: Any) -> tuple[Any, ...]:
@@ -117,8 +164,10 @@ class HookState:
         return (bucket.index(), int(buf.numel()), str(buf.dtype), buf.device.type,
                 bool(bucket.is_last()))
 
-    def _check(self, sig: tuple[Any, ...], buf: Any) -> None:
-        """On the communication thread: every rank has the same bucket and can serve it."""
+    def _check(self, sig: tuple[Any, ...], buf: Any, comm: Any = None) -> None:
+        """On the communication thread of ``comm`` (default: the state's): every rank has
+        the same bucket and can serve it."""
+        comm = self.comm if comm is None else comm
         problem = ""
         try:
             from .registry import backend_for
@@ -126,7 +175,7 @@ class HookState:
             backend_for(as_buffer(buf))
         except (TypeError, ValueError, ImportError) as exc:
             problem = str(exc)
-        everyone = self.comm.comm.allgather((sig, problem))
+        everyone = comm.comm.allgather((sig, problem))
         bad = [(r, p) for r, (_, p) in enumerate(everyone) if p]
         if bad:
             r, p = bad[0]
@@ -138,26 +187,29 @@ class HookState:
             "every rank must wrap the same model (same parameters, shapes, dtypes and "
             "order) with the same DDP bucket_cap_mb")
 
-    def _reduce(self, sig: tuple[Any, ...], buf: Any, ready: Any) -> Any:
-        """On the communication thread: average ``buf`` in place."""
+    def _reduce(self, sig: tuple[Any, ...], buf: Any, ready: Any, comm: Any = None) -> Any:
+        """On the communication thread of ``comm`` (default: the state's): average ``buf``
+        in place."""
+        comm = self.comm if comm is None else comm
         _on_comm_thread(buf, ready)
         if sig not in self._checked:
-            self._check(sig, buf)
+            self._check(sig, buf, comm)
             self._checked.add(sig)
-        self.comm.allreduce(buf, op="avg")
+        comm.allreduce(buf, op="avg")
         return buf
 
-    def _reduce_bucket(self, index: int, last: bool, buf: Any, ready: Any) -> Any:
+    def _reduce_bucket(self, comm: Any, index: int, last: bool, buf: Any,
+                       ready: Any) -> Any:
         """On the communication thread: average a DDP bucket in place, the fast way once
         its layout is known. DDP hands the same bucket tensors every step, so the checked
         layout, the NumPy (or CUDA) view and the prepared plan are kept per bucket index
         and reused while the tensor's memory, size and dtype are the same (the kept tensor
         holds that memory, so an equal address is the same memory); a rebuilt bucket takes
         the full path again. ``RINGTUNE_CHECK`` and debug logging always take the full
-        ``Communicator.allreduce`` (their per-call work is the point of them)."""
+        ``Communicator.allreduce`` (their per-call work is the point of them). ``comm``
+        is the bucket's channel."""
         _on_comm_thread(buf, ready)
         hit = self._fast.get(index)
-        comm = self.comm
         if hit is not None and hit[0].data_ptr() == buf.data_ptr() \
                 and hit[0].numel() == buf.numel() and hit[0].dtype == buf.dtype \
                 and comm._plans.get(hit[3]) is hit[2]:
@@ -165,7 +217,7 @@ class HookState:
             comm.run_prepared(prepared, hit[1])
             return buf
         sig = (index, int(buf.numel()), str(buf.dtype), buf.device.type, last)
-        self._reduce(sig, buf, None)
+        self._reduce(sig, buf, None, comm)
         if not (comm.check_args or comm._log_calls):
             from .registry import backend_for
 
@@ -179,7 +231,7 @@ class HookState:
             if last:
                 # DDP rebuilds its buckets after the first step, often into fewer: drop the
                 # entries past the last one, or they would keep the old buckets' memory.
-                for stale in [k for k in self._fast if k > index]:
+                for stale in [k for k in list(self._fast) if k > index]:
                     del self._fast[stale]
             if made is not None:
                 self._fast[index] = (buf, flat, made, key)
@@ -196,9 +248,12 @@ class HookState:
         """The hook's path: queue ``bucket`` and return a ``torch.futures.Future`` that the
         communication thread completes (one queue put here; everything else there)."""
         buf = bucket.buffer()
-        return self.exchanger.submit_to(torch.futures.Future(), self._reduce_bucket,
-                                        bucket.index(), bucket.is_last(), buf,
-                                        _ready_event(buf))
+        index = bucket.index()
+        chans = self.channels
+        comm, ex = chans[index % len(chans)] if len(chans) > 1 else chans[0]
+        label = (index, buf.numel() * buf.element_size()) if ex.tracing else None
+        return ex.submit_to(torch.futures.Future(), self._reduce_bucket, comm, index,
+                            bucket.is_last(), buf, _ready_event(buf), label=label)
 
     # -- modes --------------------------------------------------------------------------
 
@@ -252,15 +307,22 @@ class HookState:
     def wait(self) -> None:
         """Wait for every exchange queued so far (e.g. before calling MPI yourself under
         ``MPI_THREAD_SERIALIZED``, or before saving parameters with ``staleness=1``)."""
-        self.exchanger.drain()
+        for _, ex in self.channels:
+            ex.drain()
         for fut in self._pending:
             fut.result()
         self._pending.clear()
 
     def close(self) -> None:
-        """Finish queued exchanges and stop the communication thread."""
+        """Finish queued exchanges and stop the communication threads (the extra channels'
+        communicators are freed; ``comm`` stays the caller's)."""
         from .exchange import close_exchanger
 
+        for extra, ex in self.channels[1:]:
+            ex.close()
+            extra.close()
+            extra.comm.Free()  # collective: every rank closes its HookState
+        del self.channels[1:]
         close_exchanger(self.comm)
 
 

@@ -185,7 +185,8 @@ def test_bad_modes(comm) -> None:
     from collectives.torch import HookState
 
     for kwargs in ({"staleness": 2}, {"average_every": 0},
-                   {"staleness": 1, "average_every": 2}):
+                   {"staleness": 1, "average_every": 2}, {"channels": 0},
+                   {"channels": True}, {"channels": 99}):
         with pytest.raises(ValueError, match=f"rank {RANK}: "):
             HookState(comm, **kwargs)
 
@@ -209,3 +210,52 @@ def test_hook_keeps_no_bucket_of_an_old_layout(comm) -> None:
     held = {k: v[0] for k, v in state._fast.items()}
     agree([] if sorted(held) == [0, 1] and all(held[i] is rebuilt[i].buf for i in held)
           else [f"cache holds buckets {sorted(held)}"])
+
+
+def test_channels_match_ddp_allreduce_each_step(comm) -> None:
+    """Buckets spread over two exchange channels (two communication threads, each with its
+    own communicator) train exactly as DDP's own allreduce, and both channels carry
+    buckets."""
+    from collectives.torch import HookState, ddp_hook
+
+    ours, ref = make_model(32, 3), make_model(32, 3)
+    ddp_ours, _ = wrap(ours, "gloo", None, 0.004)
+    state = HookState(comm, channels=2)
+    ddp_ours.register_comm_hook(state, ddp_hook)
+    ddp_ref, _ = wrap(ref, "gloo", None, 0.004)
+    opt_ours = torch.optim.SGD(ddp_ours.parameters(), lr=0.05, momentum=0.9)
+    opt_ref = torch.optim.SGD(ddp_ref.parameters(), lr=0.05, momentum=0.9)
+    bad = []
+    for step in range(8):
+        _step(ddp_ours, opt_ours, step)
+        _step(ddp_ref, opt_ref, step)
+        a, b = _flat(ours), _flat(ref)
+        if not torch.allclose(a, b, rtol=1e-5, atol=1e-6):
+            bad.append(f"step {step}: max |ours - DDP| = {float((a - b).abs().max())}")
+        if not _same_on_every_rank(a):
+            bad.append(f"step {step}: parameters differ across ranks")
+        if bad:
+            break
+    if len(state.channels) != 2:
+        bad.append(f"{len(state.channels)} channels")
+    elif SIZE > 1 and not all(c._plans for c, _ in state.channels):
+        bad.append("a channel reduced no bucket")
+    extra = state.channels[-1][0]
+    state.close()
+    from mpi4py import MPI
+
+    if len(state.channels) != 1 or extra.comm != MPI.COMM_NULL:
+        bad.append("close() kept the extra channel")
+    agree(bad)
+
+
+def test_channels_need_thread_multiple(comm, monkeypatch) -> None:
+    from collectives import exchange
+    from collectives.torch import HookState
+
+    # SERIALIZED provided: one channel is fine, two threads in MPI at once are not.
+    monkeypatch.setattr(exchange, "thread_level",
+                        lambda concurrent=False: (2, 3 if concurrent else 2))
+    with pytest.raises(exchange.ExchangeError, match=f"rank {RANK}: MPI was initialised "
+                       "with MPI_THREAD_SERIALIZED.*MPI_THREAD_MULTIPLE"):
+        HookState(comm, channels=2)

@@ -142,7 +142,7 @@ def test_error_on_comm_thread_reaches_caller(comm) -> None:
 
 
 def test_thread_level_checked(comm, monkeypatch) -> None:
-    monkeypatch.setattr(exchange, "thread_level", lambda: (1, 2))
+    monkeypatch.setattr(exchange, "thread_level", lambda concurrent=False: (1, 2))
     with pytest.raises(ExchangeError, match=f"rank {RANK}: MPI was initialised with "
                        "MPI_THREAD_FUNNELED.*MPI_THREAD_SERIALIZED"):
         Exchanger(comm)
@@ -156,3 +156,26 @@ def test_torch_missing_is_one_line() -> None:
     msg = out.stdout.strip()
     agree([] if "collectives.torch needs PyTorch" in msg and "ringtune[torch]" in msg
           and msg.startswith("rank ") else [repr(out)])
+
+
+def test_trace_records_each_job_in_order(comm) -> None:
+    """``Exchanger.trace()``: one entry per job with its label, handed over before it
+    started and started before it ended; nothing recorded once tracing stops."""
+    ex = Exchanger(comm)
+    trace = ex.trace(True)
+    futs = [ex.submit(lambda x=i: x * 2, label=("job", i)) for i in range(5)]
+    results = [f.result(timeout=60) for f in futs]
+    ex.trace(False)
+    ex.submit(lambda: None).result(timeout=60)
+    ex.close()
+    bad = [] if results == [0, 2, 4, 6, 8] else [f"results {results}"]
+    if trace is None or [j[0] for j in trace.jobs] != [("job", i) for i in range(5)]:
+        bad.append(f"labels {trace and [j[0] for j in trace.jobs]}")
+    else:
+        for label, sub, start, end, cpu, waited in trace.jobs:
+            if not sub <= start <= end or cpu < 0 or waited < 0:
+                bad.append(f"{label}: {sub} {start} {end} {cpu} {waited}")
+        starts = [j[2] for j in trace.jobs]
+        if starts != sorted(starts):
+            bad.append("jobs ran out of order")
+    agree(bad)
