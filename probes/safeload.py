@@ -596,7 +596,12 @@ def _read_table(block: str, source: str, max_nodes: int) -> tuple[list[Any], int
     nodes = [1]  # the list; then each entry's values (own-text entries add their own)
     recipes: dict[bytes, _Recipe] = {}
     builder = _TemplateBuilder(source, max_nodes, MAX_DEPTH - 1)
-    for entry, count in Counter(entries).items():
+    counts = Counter(entries)
+    if len(counts) > 64 and len(counts) * 4 > len(entries):
+        # Hardly a table of tuned rules (they repeat a few templates): reading and
+        # compiling a template per entry would cost more than the general reader.
+        raise _GiveUp
+    for entry, count in counts.items():
         recipe, size = _recipe(entry.decode("ascii"), builder, nodes)
         recipes[entry] = recipe
         nodes[0] += size * count
