@@ -11,7 +11,9 @@ process CPU time of:
   with the bounds) + ``profile_from_dict`` + ``sha256`` — what loading cost before the
   table reader;
 - ``load_profile``: the same through ``load_profile`` (table reader) + ``sha256``;
-- ``validation``: ``profile_from_dict`` alone.
+- its parts: ``reader`` (``parse_text``: the table reader and the event reader for the
+  rest), ``validation`` (``profile_from_dict``, the collector paused as ``load_profile``
+  pauses it) and ``sha256`` (``Profile.sha256``).
 
 Medians of ``--runs``. ``Communicator`` construction per rank on the same file:
 ``mpiexec -n 2 python benchmarks/bench_load.py --communicator FILE``.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import resource
 import statistics
 import sys
@@ -71,15 +74,36 @@ def bench(path: str, runs: int) -> dict[str, float]:
     from collectives.profile import load_profile, profile_from_dict
     from probes.safeload import parse_text, read_bounded
 
-    out: dict[str, list[float]] = {"event reader": [], "load_profile": [], "validation": []}
+    out: dict[str, list[float]] = {k: [] for k in ("event reader", "load_profile", "reader",
+                                                   "validation", "sha256")}
     for _ in range(runs):
         out["event reader"].append(_cpu(lambda: profile_from_dict(
             parse_text(read_bounded(path), path, fast=False), path, copy=False).sha256))
         out["load_profile"].append(_cpu(lambda: load_profile(path).sha256))
-        data = parse_text(read_bounded(path), path)
-        out["validation"].append(_cpu(lambda d=data: profile_from_dict(d, path, copy=False)))
-        del data
+        for key, seconds in _parts(path).items():
+            out[key].append(seconds)
     return {k: statistics.median(v) for k, v in out.items()}
+
+
+def _parts(path: str) -> dict[str, float]:
+    """CPU seconds of the parts of ``load_profile`` + ``sha256``, each with the collector
+    as ``load_profile`` leaves it (paused while reading and validating)."""
+    from collectives.profile import profile_from_dict
+    from probes.safeload import parse_text, read_bounded
+
+    gc.collect()
+    t0 = time.process_time()
+    data = parse_text(read_bounded(path), path)
+    t1 = time.process_time()
+    gc.disable()
+    try:
+        prof = profile_from_dict(data, path, copy=False)
+    finally:
+        gc.enable()
+    t2 = time.process_time()
+    assert len(prof.sha256) == 64
+    t3 = time.process_time()
+    return {"reader": t1 - t0, "validation": t2 - t1, "sha256": t3 - t2}
 
 
 def communicator(path: str) -> None:
@@ -114,7 +138,9 @@ def main() -> int:
         write_big(path, args.rules)
         size = Path(path).stat().st_size
         res = bench(path, args.runs)
-    print(f"{args.rules} rules, {size / 1e6:.1f} MB, CPU s (median of {args.runs}):")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"{args.rules} rules, {size / 1e6:.1f} MB, CPU s (median of {args.runs}; load "
+          f"average {load}):")
     for k, v in res.items():
         print(f"  {k:13s} {v:6.2f}")
     print(f"  ratio        {res['event reader'] / res['load_profile']:6.2f}x")

@@ -11,6 +11,7 @@ Schema in ``profiles/schema/`` describes the same shape for editors and CI.
 from __future__ import annotations
 
 import bisect
+import gc
 import hashlib
 import json
 import math
@@ -117,9 +118,13 @@ class Profile:
 
     @property
     def sha256(self) -> str:
-        """Hash of the profile's content (what ranks compare at construction)."""
+        """Hash of the profile's content, what ranks compare at construction: SHA-256 of
+        its data (``raw``: every key, the rules as read) as compact JSON with the keys
+        sorted, so equal for equal content whatever the file's key order, layout,
+        comments or quoting, and different when any value, key or type differs."""
         data = json.dumps(self.raw or {"builtin": [r.__dict__ for r in self.rules]},
-                          sort_keys=True, default=str)
+                          sort_keys=True, default=str, separators=(",", ":"),
+                          check_circular=False)
         return hashlib.sha256(data.encode()).hexdigest()
 
     @property
@@ -188,8 +193,16 @@ def load_profile(path: str | os.PathLike[str], world_size: int | None = None,
         check_kind(data, "profile", name)
     except InputError as exc:
         raise ProfileError(str(exc)) from None
-    return profile_from_dict(data, name, world_size=world_size, section_for=section_for,
-                             copy=False)
+    # The collector paused, as while parsing: the 10⁵ rules' objects are all kept, and
+    # scanning them again and again as they are made cost a third of the validation.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return profile_from_dict(data, name, world_size=world_size,
+                                 section_for=section_for, copy=False)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def profile_from_dict(data: Any, name: str = "<profile>",
@@ -290,8 +303,19 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
                         "every size)")
     out: list[Rule] = []
     checked_params: set[Any] = set()
+    #: Fast-path keys of the (algorithm, params) already checked (``_fast_rule``).
+    known: set[Any] = set()
+    names = frozenset(algorithm_names())
     prev_max: int | None = -1
     for i, item in enumerate(value):
+        # Most rules of a large table pass every check below; ``_fast_rule`` makes the same
+        # checks with exact types and no messages. It leaves any doubt to the checks below,
+        # which name the problem.
+        fast = _fast_rule(item, prev_max, names, known)
+        if fast is not None:
+            out.append(fast)
+            prev_max = fast.max_bytes
+            continue
         where = f"rules[{i}]"
         rule = v.mapping(item, where)
         v.keys(rule, where, RULE_REQUIRED_KEYS, RULE_OPTIONAL_KEYS)
@@ -358,10 +382,93 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
             _native_entries(v, rule["native"], f"{where}.native")
         # Keep the params as written (defaults are filled at plan time), but validated.
         out.append(Rule(lo, hi, algo, params, rtrans, measured))
+        # These params (the transport taken out) passed the algorithm's checks: a later
+        # rule with the same ones may take the fast path.
+        fast_key = _fast_params_key(algo, params)
+        if fast_key is not None:
+            known.add(fast_key)
     if prev_max is not None:
         v.fail(f"rules[{len(value) - 1}].max_bytes", f"the last rule must have max_bytes: "
                f"null (no upper end), got {prev_max}: larger messages would have no rule")
     return tuple(out)
+
+
+_RULE_KEYS = frozenset(RULE_REQUIRED_KEYS + RULE_OPTIONAL_KEYS)
+_RULE_REQUIRED = frozenset(RULE_REQUIRED_KEYS)
+_MEASURED_KEYS = frozenset(MEASURED_KEYS)
+
+
+def _fast_rule(item: Any, prev_max: int | None, names: frozenset[str],
+               known: set[Any]) -> Rule | None:
+    """The ``Rule`` of ``item`` when it passes every check of ``_rules`` in the common case:
+    a ``dict`` with exact ``int``/``float``/``str`` values, starting right after
+    ``prev_max``, params (without ``transport``) of a kind already checked (``known``), no
+    ``native`` list; else ``None`` (``_rules`` then checks it and names the problem). It
+    accepts nothing the full checks refuse, and builds the same ``Rule``."""
+    if type(item) is not dict or not item.keys() <= _RULE_KEYS or not \
+            _RULE_REQUIRED <= item.keys() or type(prev_max) is not int:
+        return None
+    lo, hi, algo = item["min_bytes"], item["max_bytes"], item["algorithm"]
+    if type(lo) is not int or lo != prev_max + 1 or lo > MAX_RULE_BYTES or not (
+            hi is None or type(hi) is int and lo <= hi <= MAX_RULE_BYTES) or \
+            type(algo) is not str or algo not in names:
+        return None
+    p = item.get("params")
+    if p is None:
+        params: dict[str, Any] = {}
+    elif type(p) is dict:
+        params = dict(p)
+    else:
+        return None
+    if _fast_params_key(algo, params) not in known:
+        return None
+    rtrans = item.get("transport")
+    if rtrans is not None and (type(rtrans) is not str or rtrans not in TRANSPORT_NAMES):
+        return None
+    m = item.get("measured")
+    if m is not None:
+        if type(m) is not dict or not m.keys() <= _MEASURED_KEYS:
+            return None
+        for val in m.values():
+            t = type(val)
+            if t is float or t is int:
+                if not 0 <= val <= MAX_MEASURED:  # also refuses NaN
+                    return None
+            elif val is not None:
+                return None
+        if type(m.get("bytes", 0)) is not int:
+            return None  # (MAX_MEASURED < MAX_RULE_BYTES: the range is checked above)
+        m = dict(m)
+    if item.get("native") is not None:
+        return None
+    # ``Rule(...)`` made the way its frozen __init__ makes it (it sets the same six fields
+    # through object.__setattr__, at twice the cost: a fifth of the fast path).
+    rule = _new(Rule)
+    rule.__dict__.update(min_bytes=lo, max_bytes=hi, algorithm=algo, params=params,
+                         transport=rtrans, measured=m)
+    return rule
+
+
+_new = object.__new__
+
+
+def _fast_params_key(algo: str, params: Mapping[str, Any]) -> Any:
+    """What ``_fast_rule`` looks up in the params already checked: equal only for equal
+    params of the same types (``1``, ``1.0`` and ``true`` are equal in Python, not to the
+    checks); lists and mappings as values use ``_params_key``'s stand-in. ``None`` (never
+    found) when ``params`` holds ``transport`` (checked against the rule's) or cannot be
+    keyed."""
+    if not params:
+        return algo
+    if "transport" in params:
+        return None
+    items = tuple(params.items())
+    try:
+        hash(items)
+    except TypeError:
+        return _params_key(algo, params)
+    # (Keys need no types: only text equals text, and the full checks saw text keys.)
+    return algo, items, tuple(map(type, params.values()))
 
 
 def _params_key(algo: str, params: Mapping[str, Any]) -> Any:
