@@ -18,6 +18,7 @@ do not.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator, Sequence
 from typing import Any
 
@@ -51,13 +52,15 @@ def interleave(schedules: Sequence[Steps]) -> None:
     earlier schedules first.
 
     Deadlock-free on any ranks whose schedules are deadlock-free alone: when no wait is
-    over, it blocks until *any* awaited request completes (``Waitany``, in which MPI
-    progresses every piece's transfers) or, where a transport cannot list its requests, on
-    the earliest unfinished schedule — whose peers have either finished it or can always
-    progress it, by induction over the schedules' order."""
+    over, it polls until *any* awaited request completes (``Testany``, in which MPI
+    progresses every piece's transfers, yielding the core between polls) or, where a
+    transport cannot list its requests, blocks on the earliest unfinished schedule — whose
+    peers have either finished it or can always progress it, by induction over the
+    schedules' order."""
     from mpi4py import MPI
 
-    waitany = MPI.Request.Waitany
+    testany = MPI.Request.Testany
+    sched_yield = os.sched_yield
     todo = list(schedules)
     live: list[_Running] = []  # started, unfinished, in start order
     started = 0
@@ -109,7 +112,12 @@ def interleave(schedules: Sequence[Steps]) -> None:
                 break
             reqs += r
         if reqs:
-            waitany(reqs)
+            # Until any awaited request completes: Testany (MPI progresses every piece's
+            # transfers inside it), then give the core away. Where ranks outnumber cores
+            # (or share them with the kernel's network stack), a spin in Waitany takes the
+            # CPU from the partner rank and the softirqs the other pieces need.
+            while not testany(reqs)[1]:
+                sched_yield()
         else:
             # A transport that cannot poll may never say its batch is over: resume the
             # schedule right after its wait, without asking ``test`` again.
