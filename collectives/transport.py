@@ -57,6 +57,11 @@ class Transport(ABC):
     """Point-to-point moves between the ranks of one MPI communicator."""
 
     name: str = ""
+    #: Whether schedules can be interleaved over it (a pipelined ``hierarchical``): its
+    #: batches can be polled (``Pending.test``) and messages are matched by tag, so pieces
+    #: in flight at once, reached in a different order on different ranks, never take each
+    #: other's messages. NCCL matches by order alone: its pieces run one after another.
+    interleaves: bool = False
 
     def __init__(self, comm: Any, backend: Backend) -> None:
         self.comm = comm

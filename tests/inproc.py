@@ -366,6 +366,7 @@ class InprocTransport(Transport):
     reduction in the backend, and an in-order ``native_allreduce``."""
 
     name = "inproc"
+    interleaves = True
 
     def start(self, sends: Sequence[tuple[Any, int, int]],
               recvs: Sequence[tuple[Any, int, int]]) -> Pending:

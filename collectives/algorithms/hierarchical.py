@@ -375,17 +375,19 @@ class Hierarchical(Algorithm):
                 phases.append(phase)
                 offset, length = phase.owned
             self.pieces.append(phases)
-        self.pipelined = pieces > 1
+        # Interleaved only over a transport that matches messages by tag and can poll;
+        # elsewhere (nccl, staged) the pieces run one after another: correct, no overlap.
+        self.pipelined = pieces > 1 and all(s.transport.interleaves for s in subs)
 
     def run(self, buf: Any) -> None:
         if self.trivial:
             return
         if not self.pipelined:
-            phases = self.pieces[0]
-            for phase in phases:
-                phase.reduce_scatter(buf)
-            for phase in reversed(phases):
-                phase.all_gather(buf)
+            for phases in self.pieces:
+                for phase in phases:
+                    phase.reduce_scatter(buf)
+                for phase in reversed(phases):
+                    phase.all_gather(buf)
             return
         interleave([_piece_steps(phases, buf) for phases in self.pieces])
 
