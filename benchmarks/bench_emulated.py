@@ -32,10 +32,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def configs(which: str, tiers: list[int],
-            profile: str | None) -> list[tuple[str, str | None, dict]]:
+def configs(which: str, tiers: list[int], profile: str | None,
+            pipelines: tuple[int, ...] = ()) -> list[tuple[str, str | None, dict]]:
     """(label, algorithm, params) of what is timed; ``tiers``: ranks per host, hosts per
-    rack, racks."""
+    rack, racks; ``pipelines``: piece counts of pipelined grids to time as well."""
     if which == "placement":
         return [(f"multiring rings={r} order={o}", "multiring", {"rings": r, "order": o})
                 for r in (1, 2) for o in ("topology", "identity")]
@@ -46,8 +46,10 @@ def configs(which: str, tiers: list[int],
     ]
     dims = [d for d in tiers if d > 1]  # DDL's grid: one dimension per tier
     if len(dims) > 1:
-        out.append((f"hierarchical dims={dims}".replace(", ", ","), "hierarchical",
-                    {"dims": dims}))
+        grid = f"hierarchical dims={dims}".replace(", ", ",")
+        out.append((grid, "hierarchical", {"dims": dims}))
+        out += [(f"{grid} pipeline={p}", "hierarchical", {"dims": dims, "pipeline": p})
+                for p in pipelines if p > 1]
     if profile:
         out.append(("tuned profile", None, {}))
     return out
@@ -65,6 +67,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-probe", action="store_true", help="skip the link matrix and model")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--pipeline", default="", metavar="P,P,...",
+                    help="also time the grid pipelined in these many pieces (e.g. 2,4,8)")
     args = ap.parse_args()
 
     import numpy as np
@@ -136,8 +140,9 @@ def main() -> int:
     while s <= args.max_bytes:
         sizes.append(s)
         s *= args.factor
+    pipelines = tuple(int(p) for p in args.pipeline.split(",") if p.strip())
     cfgs = configs(args.set, [spec.ranks_per_host, spec.hosts_per_rack, spec.racks],
-                   args.profile)
+                   args.profile, pipelines)
     times: dict[tuple[int, str], list[float]] = {}
     chosen: dict[int, str] = {}
     # Where the profile's rule *is* native (MPICH's own selection, impl auto), the tuned

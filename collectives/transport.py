@@ -38,11 +38,30 @@ class Pending(ABC):
         default waits for everything."""
         self.wait()
 
+    def test(self, recv_only: bool = False) -> bool:
+        """Without blocking: whether ``wait`` (``wait_recv`` with ``recv_only``) would return
+        at once. Interleaved schedules (``collectives.algorithms.steps``) poll with it. The
+        default never claims completion, so such a schedule waits, one piece at a time,
+        where a transport cannot poll."""
+        return False
+
+    def requests(self, recv_only: bool = False) -> list[Any] | None:
+        """The MPI requests ``wait`` (``wait_recv``) waits for, so that an interleaved
+        schedule can block until any request of several batches completes
+        (``MPI.Request.Waitany``); ``None`` where the batch is not plain MPI requests or its
+        waits must stay its own (the stall watchdog's)."""
+        return None
+
 
 class Transport(ABC):
     """Point-to-point moves between the ranks of one MPI communicator."""
 
     name: str = ""
+    #: Whether schedules can be interleaved over it (a pipelined ``hierarchical``): its
+    #: batches can be polled (``Pending.test``) and messages are matched by tag, so pieces
+    #: in flight at once, reached in a different order on different ranks, never take each
+    #: other's messages. NCCL matches by order alone: its pieces run one after another.
+    interleaves: bool = False
 
     def __init__(self, comm: Any, backend: Backend) -> None:
         self.comm = comm
@@ -91,6 +110,16 @@ class _MpiPending(Pending):
         if self.recv_reqs:
             self._waitall(self.recv_reqs)
 
+    def test(self, recv_only: bool = False) -> bool:
+        from mpi4py import MPI
+
+        if self.recv_reqs and not MPI.Request.Testall(self.recv_reqs):
+            return False
+        return recv_only or not self.send_reqs or MPI.Request.Testall(self.send_reqs)
+
+    def requests(self, recv_only: bool = False) -> list[Any] | None:
+        return self.recv_reqs if recv_only else self.recv_reqs + self.send_reqs
+
 
 class _WatchedPending(_MpiPending):
     """``_MpiPending`` whose waits give up after ``RINGTUNE_STALL_TIMEOUT`` without progress
@@ -111,6 +140,9 @@ class _WatchedPending(_MpiPending):
     def wait_recv(self) -> None:
         if self.recv_reqs:
             self._waitall(self.recv_reqs, self.peers[0])
+
+    def requests(self, recv_only: bool = False) -> list[Any] | None:
+        return None  # blocking goes through the watched waits, which bound a stall
 
 
 def mpi_op(op: str) -> Any:

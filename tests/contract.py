@@ -68,14 +68,20 @@ def _hierarchical(n: int, light: bool) -> list[dict[str, Any]]:
         d = len(grid)
         mixed = {"dims": grid, "rings": 1 + i % 2, "chunk_bytes": 16,
                  "inner": [inners[(i + j) % 3] for j in range(d)]}
+        # Pipelined: pieces of their own interleaved (inners that pipeline; more pieces
+        # than most sizes' elements, so pieces are uneven, single elements or absent).
+        piped = {"dims": grid, "rings": 2 - i % 2, "chunk_bytes": 8 * (i % 2),
+                 "inner": [("multiring", "rhd")[(i + j) % 2] for j in range(d)],
+                 "pipeline": (3, 4, 64)[i % 3]}
         if light:
             # The flat grid is multiring's (or rhd's) own run: covered by those.
-            out += [] if grid == [n] and n > 1 else [mixed]
+            out += [] if grid == [n] and n > 1 else [mixed, piped]
             continue
         out.append({"dims": grid, "rings": 2 + i % 2, "chunk_bytes": 8})
         out += [{"dims": grid, "rings": 1, "chunk_bytes": 8, "inner": [inner] * d}
                 for inner in inners[1:]]
         out.append(mixed)
+        out += [piped, {"dims": grid, "pipeline": 2}]
     return out
 
 

@@ -356,12 +356,17 @@ class _InprocPending(Pending):
         for req in self.recvs:
             req.Wait()
 
+    def test(self, recv_only: bool = False) -> bool:
+        # Sends are buffered (complete at once): the batch is over when its receives are.
+        return all([req.Test() for req in self.recvs])
+
 
 class InprocTransport(Transport):
     """The ``mpi`` transport's behaviour over an ``InprocComm``: raw-byte messages, the
     reduction in the backend, and an in-order ``native_allreduce``."""
 
     name = "inproc"
+    interleaves = True
 
     def start(self, sends: Sequence[tuple[Any, int, int]],
               recvs: Sequence[tuple[Any, int, int]]) -> Pending:

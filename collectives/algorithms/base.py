@@ -97,6 +97,12 @@ class Algorithm(ABC):
     #: dimension. An algorithm with a position implements ``grid_phase``; ``grid_cost``
     #: defaults to one flat ring.
     grid_dimension: ClassVar[int | None] = None
+    #: Whether its ``grid_phase`` can run in a pipelined grid (``hierarchical``'s
+    #: ``pipeline``): the phase object then also offers ``reduce_scatter_steps(buf)`` and
+    #: ``all_gather_steps(buf)`` (generators of waits, ``algorithms.steps``), uses only
+    #: point-to-point messages, and gives piece ``params["_piece"]`` tags no other piece
+    #: uses on the same communicator.
+    grid_pipelines: ClassVar[bool] = False
 
     def __init__(
         self, ctx: Context, count: int, dtype: str, op: str, params: Mapping[str, Any]

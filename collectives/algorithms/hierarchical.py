@@ -29,6 +29,19 @@ only the owner's block travels on, and the all-gather overwrites the others.)
 
 ``dims`` may be ``"auto"`` (the default): ``[ranks per host, hosts]`` when every host holds
 the same number of ranks and there are several hosts, else ``[world size]``.
+
+``pipeline: P`` (default 1: the phases one after the other) cuts the buffer into P pieces,
+each its own grid schedule with tags of its own, and runs them interleaved
+(``steps.interleave``): piece k+1 starts its first reduce-scatter when piece k has finished
+its own, and every piece is resumed as soon as its data arrives. So piece k's inter-host
+transfer is in flight — the kernel's socket buffers keep the link busy, MPI progresses it
+inside every call — while piece k+1 reduces inside the host and piece k−1 gathers there:
+the tiers' phases overlap, and the time tends to the slowest tier's rather than the sum
+(plus the pipeline's fill and drain, and P times the per-step costs). Use it where the
+slow tier leaves the fast one idle (hosts over a network) and messages are large enough
+that a piece is still bandwidth-bound; every ``inner`` must be one that pipelines
+(``grid_pipelines``: multiring, rhd — not ``native``, whose collective calls could not
+be interleaved in a different order on different ranks).
 """
 
 from __future__ import annotations
@@ -44,11 +57,13 @@ from .multiring import (
     CHUNK_BYTES_SCHEMA,
     MODEL_CHUNKS,
     RINGS_SCHEMA,
+    _balanced,
     check_chunk_bytes,
     check_rings,
     chunk_choices,
 )
 from .registry import get_algorithm, grid_algorithm_names, register
+from .steps import Steps, interleave
 
 #: Ring counts the cost model ranks for a grid (``model_space``; chunks as multiring's).
 MODEL_RINGS: tuple[int, ...] = (1, 2, 4)
@@ -56,6 +71,11 @@ MODEL_RINGS: tuple[int, ...] = (1, 2, 4)
 MODEL_MAX_DIMS = 3
 #: Most grid dimensions (a world of 2^22 ranks, the most a profile allows, has 22 of size 2).
 MAX_DIMS = 24
+#: Most pieces of a pipelined grid (tags: ``steps.TAG_STRIDE`` per piece stays far below
+#: the 32767 every MPI allows).
+MAX_PIPELINE = 64
+#: Piece counts the tuner tries and the cost model ranks.
+PIPELINE_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
 
 
 def check_dims(value: Any, world_size: int) -> list[int] | str:
@@ -81,6 +101,35 @@ def check_dims(value: Any, world_size: int) -> list[int] | str:
             f"ranks; give dims whose product is {world_size} (invalid dim size)"
         )
     return list(value)
+
+
+def check_pipeline(value: Any, inner: Any) -> int:
+    """``pipeline`` parameter: pieces, 1..``MAX_PIPELINE``; above 1 every ``inner`` (a name,
+    a list of names, or ``None`` = multiring) must be an algorithm that pipelines."""
+    if (not isinstance(value, int) or isinstance(value, bool)
+            or not 1 <= value <= MAX_PIPELINE):
+        raise ValueError(f"pipeline: expected an integer 1..{MAX_PIPELINE} (pieces; 1 = no "
+                         f"pipeline), got {value!r}")
+    if value > 1 and inner is not None:
+        names = [inner] if isinstance(inner, str) else list(inner)
+        bad = [x for x in names if not get_algorithm(x).grid_pipelines]
+        if bad:
+            ok = [x for x in grid_algorithm_names() if get_algorithm(x).grid_pipelines]
+            raise ValueError(f"pipeline: {value} pieces, but inner {bad[0]!r} cannot run "
+                             f"pipelined; use pipeline: 1, or inner among {', '.join(ok)}")
+    return value
+
+
+def pipelined_cost(per_dim: Sequence[Any], pieces: int) -> Any:
+    """Time of ``pieces`` pieces through the grid's dimensions, each dimension's links a
+    stage (its reduce-scatter and all-gather of one piece, ``per_dim[j]``): one piece
+    through every stage (fill and drain), then one piece per slowest stage."""
+    total = sum(per_dim[1:], per_dim[0])
+    if pieces == 1:
+        return total
+    import numpy as np
+
+    return total + (pieces - 1) * np.max(np.stack(per_dim), axis=0)
 
 
 def check_inner(value: Any, ndims: int | None) -> Any:
@@ -157,7 +206,7 @@ class Hierarchical(Algorithm):
     docstring."""
 
     name = "hierarchical"
-    param_names = ("dims", "rings", "chunk_bytes", "inner")
+    param_names = ("dims", "rings", "chunk_bytes", "inner", "pipeline")
     display_order = 3
     model_order = 3
 
@@ -171,12 +220,16 @@ class Hierarchical(Algorithm):
             "rings": RINGS_SCHEMA,
             "chunk_bytes": CHUNK_BYTES_SCHEMA,
             "inner": {"anyOf": [{"type": "null"}, inner, {"type": "array", "items": inner}]},
+            "pipeline": {"description": "pieces interleaved across the grid's dimensions "
+                                        "(1: none; inner must pipeline)",
+                         "type": "integer", "minimum": 1, "maximum": MAX_PIPELINE},
         }}
 
     @classmethod
     def cost(cls, model: Any, params: Mapping[str, Any], sizes: Any) -> Any:
         """The sum over the grid's dimensions of each one's ``inner`` ``grid_cost``
-        (dimension j works on 1/(d0·…·dj−1) of the buffer)."""
+        (dimension j works on 1/(d0·…·dj−1) of the buffer); pipelined, the same on one
+        piece plus, per further piece, the slowest dimension's (``pipelined_cost``)."""
         import numpy as np
 
         n = model.n
@@ -188,43 +241,53 @@ class Hierarchical(Algorithm):
             inner = [inner] * len(dims)
         own = {"rings": int(params.get("rings", 1)),
                "chunk_bytes": int(params.get("chunk_bytes", 0))}
-        return sum((get_algorithm(inner[j]).grid_cost(model, s, d, r, own)
-                    for j, (s, d, r) in enumerate(dim_regions(dims, sizes))),
-                   np.zeros_like(sizes))
+        pieces = int(params.get("pipeline", 1))
+        per_dim = [get_algorithm(inner[j]).grid_cost(model, s, d, r, own)
+                   for j, (s, d, r) in enumerate(dim_regions(dims, sizes / pieces))]
+        return pipelined_cost(per_dim, pieces) + np.zeros_like(sizes)
 
     @classmethod
     def model_space(cls, model: Any, sizes: Any) -> Any:
         """Every grid of ``model_grids`` (more than one dimension: a flat grid is the flat
-        algorithms), ``MODEL_RINGS`` × multiring's ``MODEL_CHUNKS``; for each, the best
-        ``inner`` per dimension, chosen per size and independently (dimensions run one
-        after the other, so their times add), as DDL's exploration mode did."""
+        algorithms), ``MODEL_RINGS`` × multiring's ``MODEL_CHUNKS`` × ``PIPELINE_CHOICES``;
+        for each, the best ``inner`` per dimension, chosen per size and independently (the
+        sum and the slowest of the dimensions' times both fall with each one's), as DDL's
+        exploration mode did — among the inners that pipeline, when pipelined."""
         import numpy as np
 
         if model.n <= 1:
             return
-        inner = grid_algorithm_names()
-        dim_cache: dict[tuple[int, int, int, int], Any] = {}
+        every = grid_algorithm_names()
+        piped = [k for k in every if get_algorithm(k).grid_pipelines]
+        dim_cache: dict[tuple[int, int, int, int, int], Any] = {}
         for dims in model_grids(model):
             if len(dims) == 1:
                 continue
-            regions = dim_regions(dims, sizes)
-            for rings in MODEL_RINGS:
-                for cb in MODEL_CHUNKS:
-                    own = {"rings": rings, "chunk_bytes": cb}
-                    total = np.zeros_like(sizes)
-                    per_dim = []
-                    for s, d, r in regions:
-                        # Grids share dimensions (same stride and size): compute each once.
-                        key = (s, d, rings, cb)
-                        opts = dim_cache.get(key)
-                        if opts is None:
-                            opts = np.stack([get_algorithm(k).grid_cost(model, s, d, r, own)
-                                             for k in inner])
-                            dim_cache[key] = opts
-                        per_dim.append(opts)
-                        total = total + opts.min(axis=0)
-                    yield {"dims": dims, "rings": rings, "chunk_bytes": cb,
-                           "_per_dim": per_dim, "_inner": inner}, total
+            for pieces in PIPELINE_CHOICES:
+                inner = every if pieces == 1 else piped
+                if not inner:
+                    continue
+                regions = dim_regions(dims, sizes / pieces)
+                for rings in MODEL_RINGS:
+                    for cb in MODEL_CHUNKS:
+                        own = {"rings": rings, "chunk_bytes": cb}
+                        per_dim = []
+                        for s, d, r in regions:
+                            # Grids share dimensions (same stride and size): compute once.
+                            key = (s, d, rings, cb, pieces)
+                            opts = dim_cache.get(key)
+                            if opts is None:
+                                opts = np.stack([get_algorithm(k).grid_cost(model, s, d, r,
+                                                                            own)
+                                                 for k in inner])
+                                dim_cache[key] = opts
+                            per_dim.append(opts)
+                        total = pipelined_cost([o.min(axis=0) for o in per_dim], pieces)
+                        params: dict[str, Any] = {"dims": dims, "rings": rings,
+                                                  "chunk_bytes": cb}
+                        if pieces > 1:
+                            params["pipeline"] = pieces
+                        yield {**params, "_per_dim": per_dim, "_inner": inner}, total
 
     @classmethod
     def concrete(cls, params: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -249,12 +312,19 @@ class Hierarchical(Algorithm):
             # hosts); a list of names could not be checked against it until every call.
             raise ValueError("inner: a list of names (one per dimension) needs dims; give "
                              "dims, or one name for every dimension (e.g. inner: rhd)")
-        return {
+        inner = check_inner(p.get("inner"), ndims)
+        out = {
             "dims": dims,
             "rings": check_rings(p.get("rings", 1)),
             "chunk_bytes": check_chunk_bytes(p.get("chunk_bytes", 0)),
-            "inner": check_inner(p.get("inner"), ndims),
+            "inner": inner,
         }
+        # Left out when 1, so that the profiles and trial keys of unpipelined grids stay
+        # what they were.
+        pieces = check_pipeline(p.get("pipeline", 1), inner)
+        if pieces > 1:
+            out["pipeline"] = pieces
+        return out
 
     @classmethod
     def search_space(cls, trial: Any, world_size: int, nbytes: int) -> dict[str, Any]:
@@ -266,7 +336,15 @@ class Hierarchical(Algorithm):
         choices = grid_algorithm_names()
         inner = [trial.suggest_categorical(f"hierarchical.inner{j}", choices)
                  for j in range(len(dims))]
-        return {"dims": dims, "rings": rings, "chunk_bytes": chunk, "inner": inner}
+        out: dict[str, Any] = {"dims": dims, "rings": rings, "chunk_bytes": chunk,
+                               "inner": inner}
+        # Pipelining overlaps dimensions: searched on grids of several, when every inner
+        # can be interleaved.
+        if len(dims) > 1 and all(get_algorithm(k).grid_pipelines for k in inner):
+            pieces = trial.suggest_categorical("hierarchical.pipeline", list(PIPELINE_CHOICES))
+            if pieces > 1:
+                out["pipeline"] = pieces
+        return out
 
     def __init__(self, ctx: Context, count: int, dtype: str, op: str,
                  params: Mapping[str, Any]) -> None:
@@ -279,26 +357,51 @@ class Hierarchical(Algorithm):
         inner = check_inner(self.params.get("inner"), len(dims)) or ["multiring"] * len(dims)
         # Validated before any communication, identically on every rank (hosts are shared).
         check_grid_fits_hosts(dims, hosts)
+        pieces = check_pipeline(int(self.params.get("pipeline", 1)), inner)
         self.dims, self.inner = dims, inner
         self.trivial = n == 1 or count == 0
-        self.phases: list[Any] = []
+        #: Per piece, its phases (one per dimension); one piece unless pipelined. Pieces
+        #: are contiguous and balanced; a buffer of fewer elements than pieces has fewer.
+        self.pieces: list[list[Any]] = []
         if self.trivial:
             return
         subs = _sub_contexts(ctx, hosts, dims)
-        offset, length = 0, count
-        for j, sub in enumerate(subs):
-            phase = get_algorithm(inner[j]).grid_phase(sub, offset, length, dtype, op,
-                                                       self.params)
-            self.phases.append(phase)
-            offset, length = phase.owned
+        for k, (offset, length) in enumerate(_balanced(count, min(pieces, count))):
+            params = {**self.params, "_piece": k} if pieces > 1 else self.params
+            phases = []
+            for j, sub in enumerate(subs):
+                phase = get_algorithm(inner[j]).grid_phase(sub, offset, length, dtype, op,
+                                                           params)
+                phases.append(phase)
+                offset, length = phase.owned
+            self.pieces.append(phases)
+        # Interleaved only over a transport that matches messages by tag and can poll;
+        # elsewhere (nccl, staged) the pieces run one after another: correct, no overlap.
+        self.pipelined = pieces > 1 and all(s.transport.interleaves for s in subs)
 
     def run(self, buf: Any) -> None:
         if self.trivial:
             return
-        for phase in self.phases:
-            phase.reduce_scatter(buf)
-        for phase in reversed(self.phases):
-            phase.all_gather(buf)
+        if not self.pipelined:
+            for phases in self.pieces:
+                for phase in phases:
+                    phase.reduce_scatter(buf)
+                for phase in reversed(phases):
+                    phase.all_gather(buf)
+            return
+        interleave([_piece_steps(phases, buf) for phases in self.pieces])
+
+
+def _piece_steps(phases: Sequence[Any], buf: Any) -> Steps:
+    """One piece of a pipelined grid: its reduce-scatters, innermost first, then its
+    all-gathers back. After the first reduce-scatter (the intra-host one) the next piece
+    may start: piece k's outer phases then run while piece k+1 reduces inside the host."""
+    for j, phase in enumerate(phases):
+        yield from phase.reduce_scatter_steps(buf)
+        if j == 0:
+            yield None
+    for phase in reversed(phases):
+        yield from phase.all_gather_steps(buf)
 
 
 def factorisations(n: int) -> list[list[int]]:

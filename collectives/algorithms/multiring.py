@@ -22,6 +22,7 @@ from ..ops import itemsize as dtype_itemsize
 from ..orders import ring_orders, validate_order
 from .base import Algorithm, Context
 from .registry import register
+from .steps import TAG_STRIDE, Steps, run_blocking
 
 MAX_RINGS = 16
 #: Ring counts and chunk sizes the cost model ranks (``model_space``): a coarse subset of
@@ -96,7 +97,7 @@ class _Ring:
         pos = perm.index(rank)
         self.nxt = perm[(pos + 1) % n]
         self.prv = perm[(pos - 1) % n]
-        self.tag = 100 + k
+        self.tag = 100 + k  # k: ring index, plus TAG_STRIDE per piece of a pipelined grid
         # Step t receives block perm[pos-t-2] and sends block perm[pos-t-1] (indices mod n):
         # the same formula holds through the reduce-scatter (t < n-1) and the all-gather.
         self.recv = [_chunks(*pieces[perm[(pos - t - 2) % n]], chunk) for t in range(steps)]
@@ -113,11 +114,13 @@ class RingSchedule:
     runs them all (``multiring``); ``reduce_scatter(buf)`` and ``all_gather(buf)`` run one
     phase each, so that ``hierarchical`` can reduce-scatter along one grid dimension, work on
     the shard this rank then owns (``owned``: block *rank* of the region, whatever the ring
-    order), and all-gather later.
+    order), and all-gather later. ``reduce_scatter_steps`` / ``all_gather_steps`` are the
+    same phases as generators of waits (``steps``), for a pipelined grid that interleaves
+    pieces; ``piece`` gives such a piece tags of its own.
     """
 
     def __init__(self, ctx: Context, offset: int, count: int, dtype: str, op: str,
-                 rings: int, chunk_bytes: int, order: Any) -> None:
+                 rings: int, chunk_bytes: int, order: Any, piece: int = 0) -> None:
         self.ctx = ctx
         self.op = op
         n = ctx.size
@@ -135,7 +138,7 @@ class RingSchedule:
         for k, perm in enumerate(perms):
             pieces = [(off + o, ln) for off, blen in blocks
                       for o, ln in [_balanced(blen, rings)[k]]]
-            ring = _Ring(perm, ctx.rank, k, pieces, chunk, self.steps)
+            ring = _Ring(perm, ctx.rank, TAG_STRIDE * piece + k, pieces, chunk, self.steps)
             ring.scratch = ctx.backend.empty(maxpiece, dtype)
             self.rings.append(ring)
         self.maxc = [max(len(r.recv[t]) for r in self.rings) for t in range(self.steps)]
@@ -147,6 +150,14 @@ class RingSchedule:
     def all_gather(self, buf: Any) -> None:
         """Steps n-1..2n-3: every rank's ``owned`` block is copied to all ranks."""
         self.run(buf, self.steps // 2, self.steps)
+
+    def reduce_scatter_steps(self, buf: Any) -> Steps:
+        """``reduce_scatter`` as a generator of waits."""
+        return self.run_steps(buf, 0, self.steps // 2)
+
+    def all_gather_steps(self, buf: Any) -> Steps:
+        """``all_gather`` as a generator of waits."""
+        return self.run_steps(buf, self.steps // 2, self.steps)
 
     def _post(self, ring: _Ring, t: int, c: int, buf: Any) -> Any:
         """Post batch (t, c): send chunk c of step t's send block, receive chunk c of step t's
@@ -166,6 +177,10 @@ class RingSchedule:
 
     def run(self, buf: Any, first: int = 0, stop: int | None = None) -> None:
         """Run steps ``first .. stop-1`` (default: all) on ``buf``."""
+        run_blocking(self.run_steps(buf, first, stop))
+
+    def run_steps(self, buf: Any, first: int = 0, stop: int | None = None) -> Steps:
+        """Steps ``first .. stop-1`` as a generator that yields where ``run`` waits."""
         stop = self.steps if stop is None else stop
         if self.trivial or first >= stop:
             return
@@ -179,11 +194,11 @@ class RingSchedule:
         rs_by_chunk: list[dict[int, list[Any]]] = [{} for _ in rings]
         cur: list[dict[int, Any]] = [{} for _ in rings]
 
-        def post(i: int, t: int, c: int) -> None:
+        def post(i: int, t: int, c: int) -> Steps:
             ring = rings[i]
             if t >= rs_steps:
                 for p in rs_by_chunk[i].pop(c, ()):
-                    p.wait()
+                    yield p, False
             p = self._post(ring, t, c, buf)
             cur[i][c] = p
             posted.append(p)
@@ -192,7 +207,7 @@ class RingSchedule:
 
         for i, ring in enumerate(rings):
             for c in range(max(len(ring.send[first]), len(ring.recv[first]))):
-                post(i, first, c)
+                yield from post(i, first, c)
         for t in range(first, stop):
             reducing = t < rs_steps
             last = t + 1 == stop
@@ -201,21 +216,21 @@ class RingSchedule:
                     chunks = ring.recv[t]
                     if c >= len(chunks):
                         continue
-                    cur[i][c].wait_recv()
+                    yield cur[i][c], True
                     if reducing:
                         a, b = chunks[c]
                         s = c * ring.slot
                         reduce_into(buf[a:b], ring.scratch[s:s + b - a], op)
                     if not last:
-                        post(i, t + 1, c)
+                        yield from post(i, t + 1, c)
             if not last:
                 # Chunks of the next step beyond this step's count (pieces differ by one
                 # element, so a block can have one chunk more than the previous).
                 for i, ring in enumerate(rings):
                     for c in range(len(ring.recv[t]), len(ring.recv[t + 1])):
-                        post(i, t + 1, c)
+                        yield from post(i, t + 1, c)
         for p in posted:
-            p.wait()
+            yield p, False
 
 
 @register
@@ -227,6 +242,7 @@ class Multiring(Algorithm):
     display_order = 1
     model_order = 2
     grid_dimension = 0
+    grid_pipelines = True
 
     @classmethod
     def params_schema(cls) -> dict[str, Any]:
@@ -253,7 +269,8 @@ class Multiring(Algorithm):
     def grid_phase(cls, ctx: Context, offset: int, count: int, dtype: str, op: str,
                    params: Mapping[str, Any]) -> RingSchedule:
         return RingSchedule(ctx, offset, count, dtype, op, params.get("rings", 1),
-                            params.get("chunk_bytes", 0), "topology")
+                            params.get("chunk_bytes", 0), "topology",
+                            int(params.get("_piece", 0)))
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any], world_size: int) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from .base import Algorithm, Context
 from .registry import register
+from .steps import TAG_STRIDE, Steps, run_blocking
 
 
 class RhdSchedule:
@@ -26,9 +27,12 @@ class RhdSchedule:
     ``all_gather`` copies every block to every rank. ``rhd`` runs both on the whole buffer;
     ``hierarchical`` runs them one grid dimension at a time."""
 
-    def __init__(self, ctx: Context, offset: int, count: int, dtype: str, op: str) -> None:
+    def __init__(self, ctx: Context, offset: int, count: int, dtype: str, op: str,
+                 piece: int = 0) -> None:
         self.ctx = ctx
         self.op = op
+        # Tags 3 (fold), 4 (halving), 5 (doubling); a piece of a pipelined grid its own.
+        self.tag = TAG_STRIDE * piece
         n, rank = ctx.size, ctx.rank
         self.offset, self.count = offset, count
         self.trivial = n == 1 or count == 0
@@ -70,40 +74,49 @@ class RhdSchedule:
         self.scratch = ctx.backend.empty(count, dtype)
 
     def reduce_scatter(self, buf: Any) -> None:
+        run_blocking(self.reduce_scatter_steps(buf))
+
+    def all_gather(self, buf: Any) -> None:
+        run_blocking(self.all_gather_steps(buf))
+
+    def reduce_scatter_steps(self, buf: Any) -> Steps:
+        """``reduce_scatter`` as a generator of waits (``steps``)."""
         if self.trivial:
             return
         t, be, op, o = self.ctx.transport, self.ctx.backend, self.op, self.offset
+        fold, halve = 3 + self.tag, 4 + self.tag
         region = buf[o:o + self.count]
         scratch = self.scratch  # indexed relative to the region
         if self.folded_into is not None:
-            t.start([(region, self.folded_into, 3)], []).wait()
+            yield t.start([(region, self.folded_into, fold)], []), False
             return
         if self.fold_partner is not None:
-            t.start([], [(scratch, self.fold_partner, 3)]).wait()
+            yield t.start([], [(scratch, self.fold_partner, fold)]), False
             be.reduce_into(region, scratch, op)
         for partner, slo, shi, klo, khi in self.halving:
-            sends = [(buf[slo:shi], partner, 4)] if shi > slo else []
-            recvs = [(scratch[klo - o:khi - o], partner, 4)] if khi > klo else []
-            t.start(sends, recvs).wait()
+            sends = [(buf[slo:shi], partner, halve)] if shi > slo else []
+            recvs = [(scratch[klo - o:khi - o], partner, halve)] if khi > klo else []
+            yield t.start(sends, recvs), False
             if khi > klo:
                 be.reduce_into(buf[klo:khi], scratch[klo - o:khi - o], op)
 
-    def all_gather(self, buf: Any) -> None:
+    def all_gather_steps(self, buf: Any) -> Steps:
+        """``all_gather`` as a generator of waits (``steps``)."""
         if self.trivial:
             return
         t, o = self.ctx.transport, self.offset
+        fold, double = 3 + self.tag, 5 + self.tag
         region = buf[o:o + self.count]
         if self.folded_into is not None:
-            t.start([], [(region, self.folded_into, 3)]).wait()
+            yield t.start([], [(region, self.folded_into, fold)]), False
             return
         # Doubling retraces the halving backwards: send what we kept, receive what we gave.
         for partner, glo, ghi, klo, khi in reversed(self.halving):
-            sends = [(buf[klo:khi], partner, 5)] if khi > klo else []
-            recvs = [(buf[glo:ghi], partner, 5)] if ghi > glo else []
-            t.start(sends, recvs).wait()
+            sends = [(buf[klo:khi], partner, double)] if khi > klo else []
+            recvs = [(buf[glo:ghi], partner, double)] if ghi > glo else []
+            yield t.start(sends, recvs), False
         if self.fold_partner is not None:
-            t.start([(region, self.fold_partner, 3)], []).wait()
-
+            yield t.start([(region, self.fold_partner, fold)], []), False
 
 
 @register
@@ -114,6 +127,7 @@ class Rhd(Algorithm):
     display_order = 2
     model_order = 1
     grid_dimension = 1
+    grid_pipelines = True
 
     @classmethod
     def grid_cost(cls, model: Any, stride: int, d: int, region: Any,
@@ -125,7 +139,7 @@ class Rhd(Algorithm):
     @classmethod
     def grid_phase(cls, ctx: Context, offset: int, count: int, dtype: str, op: str,
                    params: Mapping[str, Any]) -> RhdSchedule:
-        return RhdSchedule(ctx, offset, count, dtype, op)
+        return RhdSchedule(ctx, offset, count, dtype, op, int(params.get("_piece", 0)))
 
     def __init__(self, ctx: Context, count: int, dtype: str, op: str, params: Any) -> None:
         super().__init__(ctx, count, dtype, op, params)

@@ -38,6 +38,7 @@ class MpiTransport(Transport):
     """
 
     name = "mpi"
+    interleaves = True
 
     def __init__(self, comm: Any, backend: Backend) -> None:
         super().__init__(comm, backend)

@@ -99,7 +99,10 @@ def test_it_is_modelled_with_the_default_cost(toy: type[Toy]) -> None:
     # The grid's candidates weigh it per dimension too (its grid_cost, the same default).
     grid = [params for name, params, _ in model.candidates(np.array([1e6]))
             if name == "hierarchical"]
-    assert grid and all("toy" in p["_inner"] for p in grid)
+    plain = [p for p in grid if "pipeline" not in p]
+    assert plain and all("toy" in p["_inner"] for p in plain)
+    # Pipelined grids only among inners that pipeline, which the toy does not declare.
+    assert all("toy" not in p["_inner"] for p in grid if "pipeline" in p)
 
 
 # -- validated in profiles, in the schema -------------------------------------------------
