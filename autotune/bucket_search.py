@@ -64,10 +64,11 @@ class Driver:
     """Rank 0's side of one bucket: the Optuna study, its asks and tells."""
 
     def __init__(self, opts: TuneOptions, storage: Any, name: str, nbytes: int,
-                 world_size: int, algorithms: list[str]) -> None:
+                 world_size: int, algorithms: list[str], hosts: int = 1) -> None:
         import optuna
 
         self.opts = opts
+        self.hosts = hosts  # of the world: some parameters are searched only across hosts
         self.added = 0
         self.nbytes = nbytes
         self.world_size = world_size
@@ -140,7 +141,8 @@ class Driver:
     def space(self) -> list[tuple[dict[str, Any], space.Config]]:
         if self._space is None:
             self._space = space.enumerate_space(self.world_size, self.nbytes,
-                                                self.algorithms, self.opts.transports)
+                                                self.algorithms, self.opts.transports,
+                                                self.hosts)
         return self._space
 
     def prepare(self) -> None:
@@ -282,7 +284,7 @@ class Driver:
                 return {"op": "done", "reason": "stalled"}
             trial = self.study.ask()
             cfg = space.suggest(trial, self.world_size, self.nbytes, self.algorithms,
-                                self.opts.transports)
+                                self.opts.transports, self.hosts)
             key = cfg.key
             # One attribute per trial (each write is one SQLite transaction).
             config: dict[str, Any] = {"key": key, **cfg.record()}

@@ -90,3 +90,58 @@ def test_unknown_impl_names_the_installed_ones() -> None:
 
     with pytest.raises(ValueError, match="ring"):
         get_algorithm("native").check_params({"impl": "no_such_algorithm"}, N)
+
+
+def test_every_composition_sums_correctly_and_restores_the_default(comm) -> None:
+    count = 3 * 1024 + 7
+    want = sum(spread_input(r, count).astype(np.float64) for r in range(N))
+    bad = []
+    for comp in ("auto", "alpha", "beta", "gamma", "delta"):
+        for impl in ("auto", "ring"):
+            buf = spread_input(RANK, count)
+            comm.allreduce(buf, algorithm="native", composition=comp, impl=impl)
+            if not np.allclose(buf, want, rtol=1e-4, atol=1e-3):
+                bad.append(f"composition={comp} impl={impl}: wrong sum")
+            digests = WORLD.allgather(hashlib.sha256(buf.tobytes()).hexdigest())
+            if len(set(digests)) != 1:
+                bad.append(f"composition={comp} impl={impl}: ranks disagree bitwise")
+            if mpit.read_cvar(mpit.COMPOSITION_CVAR) != 0 or mpit.current() != "auto":
+                bad.append(f"composition={comp} impl={impl}: left the library on "
+                           f"composition {mpit.read_cvar(mpit.COMPOSITION_CVAR)}, "
+                           f"algorithm {mpit.current()}")
+    agree(bad)
+
+
+@pytest.mark.skipif(N < 2, reason="MPICH runs no composition on one rank")
+def test_composition_restriction_error_proves_the_choice(comm, monkeypatch) -> None:
+    """On one host MPICH's multi-leader composition (delta) cannot apply; under
+    ``MPIR_CVAR_COLLECTIVE_FALLBACK=error`` a call that really selected it fails, while
+    the same call with composition auto or beta succeeds."""
+    from mpi4py import MPI
+
+    monkeypatch.setenv("RINGTUNE_ON_ERROR", "raise")
+    hosts = set(WORLD.allgather(MPI.Get_processor_name()))
+    if len(hosts) != 1:
+        pytest.skip("delta's restriction is observable on one host")
+    old = mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", 0)  # 0 = error
+    bad = []
+    try:
+        buf = np.ones(1024, np.float32)
+        comm.allreduce(buf, algorithm="native", composition="beta")
+        try:
+            comm.allreduce(buf, algorithm="native", composition="delta")
+            bad.append("composition delta accepted a one-host communicator: not selected")
+        except MPI.Exception:
+            pass
+        if mpit.read_cvar(mpit.COMPOSITION_CVAR) != 0:
+            bad.append("a failed call left the composition set")
+    finally:
+        mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", old)
+    agree(bad)
+
+
+def test_unknown_composition_names_the_key() -> None:
+    from collectives.algorithms import get_algorithm
+
+    with pytest.raises(ValueError, match=r"^composition: .*alpha.*'omega'"):
+        get_algorithm("native").check_params({"composition": "omega"}, N)
