@@ -145,3 +145,27 @@ def test_unknown_composition_names_the_key() -> None:
 
     with pytest.raises(ValueError, match=r"^composition: .*alpha.*'omega'"):
         get_algorithm("native").check_params({"composition": "omega"}, N)
+
+
+def test_composition_really_runs_across_hosts(comm) -> None:
+    """Across hosts, alpha (each host's ranks reduced first, then the hosts' leaders) and
+    beta (a halving/doubling over every rank) add float32 values in different orders: equal
+    results would mean the choice never reached MPICH. gamma cannot apply across hosts and
+    falls back to beta, bit for bit."""
+    from mpi4py import MPI
+
+    hosts = WORLD.allgather(MPI.Get_processor_name())
+    if len(set(hosts)) < 2 or len(set(hosts)) == N:
+        pytest.skip("needs several hosts with several ranks on one (run under emulate)")
+    count = 1 << 16
+    digests = {}
+    for comp in ("alpha", "beta", "gamma"):
+        buf = spread_input(RANK, count)
+        comm.allreduce(buf, algorithm="native", composition=comp)
+        digests[comp] = hashlib.sha256(buf.tobytes()).hexdigest()
+    bad = []
+    if digests["alpha"] == digests["beta"]:
+        bad.append("composition alpha and beta gave the same bits: not selected")
+    if digests["gamma"] != digests["beta"]:
+        bad.append("composition gamma across hosts did not fall back to beta")
+    agree(bad)
