@@ -251,6 +251,12 @@ class Driver:
         guesses.append(Config(rule.algorithm, rule.params))
         guesses.append(Config("multiring", {"rings": 2, "chunk_bytes": 0, "order": "topology"}))
         guesses.append(Config("rhd"))
+        if self.hosts > 1:
+            # MPICH's flat composition (beta) beat its own default across hosts by 1.3-1.5x
+            # at >= 4 MiB on the emulated 2x2 (BENCHMARKS.md), yet is one of ~44 native
+            # configurations there; first among the guesses. Outside MPICH it is not in
+            # the space, and a guess outside the space is dropped below.
+            guesses.insert(0, Config("native", {"composition": "beta"}))
         try:
             grid = self.space()
         except ValueError:

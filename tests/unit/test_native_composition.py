@@ -102,3 +102,31 @@ def test_the_model_describes_each_composition() -> None:
     for comp in ("auto", "alpha", "beta", "delta"):
         assert np.allclose(best.time("native", {"composition": comp}, sizes),
                            best.native_allreduce(1, 4, sizes), rtol=1e-12)
+
+
+@pytest.mark.skipif(not MPICH, reason=mpit.unavailable_reason() or "MPICH")
+def test_the_tuner_tries_the_flat_composition_early_only_across_hosts() -> None:
+    import optuna
+
+    from autotune.bucket_search import Driver
+    from autotune.objective import COMPLETE, TrialOutcome
+    from autotune.records import TuneOptions
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    seen = {}
+    for hosts in (1, 2):
+        opts = TuneOptions(out="x.yaml", buckets=[1 << 22], trials=3)
+        driver = Driver(opts, optuna.storages.InMemoryStorage(), "s", 1 << 22, 4,
+                        ["native", "multiring"], hosts)
+        driver.prepare()
+        configs = []
+        for _ in range(3):
+            cmd = driver.next_command(deadline=float("inf"))
+            if cmd["op"] != "run":
+                break
+            configs.append(cmd["config"])
+            driver.record(TrialOutcome(COMPLETE, 10.0, 1.0))
+        seen[hosts] = configs
+    assert seen[1][0].params == {} and seen[2][0].params == {}  # native's default first
+    assert seen[2][1].algorithm == "native" and seen[2][1].params == {"composition": "beta"}
+    assert not any("composition" in c.params for c in seen[1])
