@@ -64,10 +64,11 @@ class Driver:
     """Rank 0's side of one bucket: the Optuna study, its asks and tells."""
 
     def __init__(self, opts: TuneOptions, storage: Any, name: str, nbytes: int,
-                 world_size: int, algorithms: list[str]) -> None:
+                 world_size: int, algorithms: list[str], hosts: int = 1) -> None:
         import optuna
 
         self.opts = opts
+        self.hosts = hosts  # of the world: some parameters are searched only across hosts
         self.added = 0
         self.nbytes = nbytes
         self.world_size = world_size
@@ -140,7 +141,8 @@ class Driver:
     def space(self) -> list[tuple[dict[str, Any], space.Config]]:
         if self._space is None:
             self._space = space.enumerate_space(self.world_size, self.nbytes,
-                                                self.algorithms, self.opts.transports)
+                                                self.algorithms, self.opts.transports,
+                                                self.hosts)
         return self._space
 
     def prepare(self) -> None:
@@ -249,6 +251,12 @@ class Driver:
         guesses.append(Config(rule.algorithm, rule.params))
         guesses.append(Config("multiring", {"rings": 2, "chunk_bytes": 0, "order": "topology"}))
         guesses.append(Config("rhd"))
+        if self.hosts > 1:
+            # MPICH's flat composition (beta) beat its own default across hosts by 1.3-1.5x
+            # at >= 4 MiB on the emulated 2x2 (BENCHMARKS.md), yet is one of ~44 native
+            # configurations there; first among the guesses. Outside MPICH it is not in
+            # the space, and a guess outside the space is dropped below.
+            guesses.insert(0, Config("native", {"composition": "beta"}))
         try:
             grid = self.space()
         except ValueError:
@@ -282,7 +290,7 @@ class Driver:
                 return {"op": "done", "reason": "stalled"}
             trial = self.study.ask()
             cfg = space.suggest(trial, self.world_size, self.nbytes, self.algorithms,
-                                self.opts.transports)
+                                self.opts.transports, self.hosts)
             key = cfg.key
             # One attribute per trial (each write is one SQLite transaction).
             config: dict[str, Any] = {"key": key, **cfg.record()}

@@ -66,8 +66,9 @@ class _StableNames:
 
 
 def suggest(trial: Any, world_size: int, nbytes: int, algorithms: Sequence[str],
-            transports: Sequence[str] | None = None) -> Config:
-    """Ask ``trial`` for one configuration (define-by-run, conditional on the algorithm).
+            transports: Sequence[str] | None = None, hosts: int = 1) -> Config:
+    """Ask ``trial`` for one configuration (define-by-run, conditional on the algorithm),
+    for a world of ``world_size`` ranks on ``hosts`` hosts.
 
     ``transports`` (GPU buffers only: the transports every rank can use, best first) adds
     the categorical ``TRANSPORT_PARAM``; the chosen one is the configuration's
@@ -80,7 +81,8 @@ def suggest(trial: Any, world_size: int, nbytes: int, algorithms: Sequence[str],
     transport: str | None = None
     if transports:
         transport = trial.suggest_categorical(TRANSPORT_PARAM, list(transports))
-    return Config(algo, cls.search_space(_StableNames(trial), world_size, nbytes), transport)
+    return Config(algo, cls.search_space_on(_StableNames(trial), world_size, nbytes, hosts),
+                  transport)
 
 
 def config_key(config: Config) -> str:
@@ -135,7 +137,7 @@ class _EnumeratingTrial:
 
 
 def enumerate_space(world_size: int, nbytes: int, algorithms: Sequence[str],
-                    transports: Sequence[str] | None = None,
+                    transports: Sequence[str] | None = None, hosts: int = 1,
                     ) -> list[tuple[dict[str, Any], Config]]:
     """Every configuration of the space: a list of (Optuna trial params, configuration),
     duplicates (different trial params, same configuration) removed."""
@@ -146,7 +148,7 @@ def enumerate_space(world_size: int, nbytes: int, algorithms: Sequence[str],
         path = stack.pop()
         trial = _EnumeratingTrial(path)
         try:
-            cfg = suggest(trial, world_size, nbytes, algorithms, transports)
+            cfg = suggest(trial, world_size, nbytes, algorithms, transports, hosts)
         except _Branch as br:
             stack.extend(path + [i] for i in reversed(range(br.n)))
             continue

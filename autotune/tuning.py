@@ -239,7 +239,8 @@ def _tune_bucket(comm: Any, runtime: Communicator, opts: TuneOptions, storage: A
 
     def open_study() -> str | None:
         nonlocal driver
-        driver = Driver(opts, storage, name, nbytes, n, algorithms)
+        driver = Driver(opts, storage, name, nbytes, n, algorithms,
+                        len(set(runtime.hosts)))
         if driver.finished:
             return driver.finished
         driver.prepare()

@@ -33,14 +33,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def configs(which: str, tiers: list[int], profile: str | None,
+            compositions: tuple[str, ...] = (),
             pipelines: tuple[int, ...] = ()) -> list[tuple[str, str | None, dict]]:
     """(label, algorithm, params) of what is timed; ``tiers``: ranks per host, hosts per
-    rack, racks; ``pipelines``: piece counts of pipelined grids to time as well."""
+    rack, racks; ``compositions``: MPICH compositions of ``native`` timed as columns of
+    their own (``native composition=beta``); ``pipelines``: piece counts of pipelined grids
+    to time as well."""
     if which == "placement":
         return [(f"multiring rings={r} order={o}", "multiring", {"rings": r, "order": o})
                 for r in (1, 2) for o in ("topology", "identity")]
     out: list[tuple[str, str | None, dict]] = [
         ("native", "native", {}),
+        *((f"native composition={c}", "native", {"composition": c}) for c in compositions),
         ("multiring rings=1", "multiring", {"rings": 1}),
         ("multiring rings=2", "multiring", {"rings": 2}),
     ]
@@ -69,6 +73,9 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--pipeline", default="", metavar="P,P,...",
                     help="also time the grid pipelined in these many pieces (e.g. 2,4,8)")
+    ap.add_argument("--compositions", default="beta",
+                    help="MPICH compositions of native to time as columns of their own "
+                         "(comma-separated; '' for none; MPICH only)")
     args = ap.parse_args()
 
     import numpy as np
@@ -140,9 +147,14 @@ def main() -> int:
     while s <= args.max_bytes:
         sizes.append(s)
         s *= args.factor
+    from collectives.mpit import library as mpi_library
+
+    comps = tuple(c for c in args.compositions.split(",") if c)
+    if mpi_library()[0] != "MPICH" or spec.hosts_per_rack * spec.racks < 2:
+        comps = ()  # a composition changes nothing on one host, or outside MPICH
     pipelines = tuple(int(p) for p in args.pipeline.split(",") if p.strip())
     cfgs = configs(args.set, [spec.ranks_per_host, spec.hosts_per_rack, spec.racks],
-                   args.profile, pipelines)
+                   args.profile, comps, pipelines)
     times: dict[tuple[int, str], list[float]] = {}
     chosen: dict[int, str] = {}
     # Where the profile's rule *is* native (MPICH's own selection, impl auto), the tuned
@@ -152,7 +164,8 @@ def main() -> int:
     if args.profile and any(lbl == "native" for lbl, _, _ in cfgs):
         for size in sizes:
             plan = comm.plan_for(size)
-            if plan.algorithm == "native" and plan.params.get("impl", "auto") == "auto":
+            if (plan.algorithm == "native" and plan.params.get("impl", "auto") == "auto"
+                    and plan.params.get("composition", "auto") == "auto"):
                 same_as_native.add(size)
     for _ in range(args.repeats):
         for size in sizes:

@@ -10,7 +10,9 @@ Run across emulated hosts::
 Each variant is MPI_Allreduce (float32 sum, in place) with one MPICH control variable
 written through MPI_T just before its calls and restored after: ``composition=N``
 (``MPIR_CVAR_ALLREDUCE_COMPOSITION``: 1 intra-node reduce + inter-node allreduce of the node
-leaders + intra-node bcast, 2 the network module's allreduce over the whole communicator)
+leaders + intra-node bcast, 2 the network module's allreduce over the whole communicator,
+3 shared memory only (one node; across nodes MPICH falls back to 2), 4 several leaders per
+node; ``native composition=`` sets the same variable per call)
 and ``algorithm=NAME`` (``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM``). Variants are interleaved
 within a repeat (the machine is shared); one iteration's time is the slowest rank's, the
 figure the median over repeats x iterations. Rank 0 prints a Markdown table, ms and the

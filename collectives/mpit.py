@@ -227,14 +227,17 @@ def _require() -> _Mpit:
 
 
 class Selector:
-    """Sets ``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM`` around one call and restores the value
-    the library had (the hot path: two ``MPI_T_cvar_write`` calls, no allocation)."""
+    """Sets ``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM`` (or another integer control variable,
+    ``cvar``, to ``value``) around one call and restores the value the library had (the hot
+    path: two ``MPI_T_cvar_write`` calls, no allocation)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, cvar: str = ALGORITHM_CVAR, value: int | None = None
+                 ) -> None:
         self.name = name
+        self.cvar = cvar
         self._mpit = _require()
-        self._value = choice_value(name)
-        self._handle, _ = self._mpit._handle(ALGORITHM_CVAR)
+        self._value = choice_value(name) if value is None else value
+        self._handle, _ = self._mpit._handle(cvar)
         self._new = ctypes.c_int(self._value)
         self._old = ctypes.c_int()
         self._read = self._mpit.lib.MPI_T_cvar_read
@@ -243,7 +246,7 @@ class Selector:
     def enter(self) -> None:
         self._read(self._handle, ctypes.byref(self._old))
         if self._write(self._handle, ctypes.byref(self._new)) != 0:
-            raise MpitError(f"MPI_T_cvar_write({ALGORITHM_CVAR}={self.name}) failed")
+            raise MpitError(f"MPI_T_cvar_write({self.cvar}={self.name}) failed")
 
     def exit(self) -> None:
         self._write(self._handle, ctypes.byref(self._old))
@@ -261,6 +264,50 @@ def selected(name: str) -> Iterator[None]:
         yield
     finally:
         sel.exit()
+
+
+#: MPICH ch4's choice of how an allreduce is composed of intra- and inter-node parts.
+COMPOSITION_CVAR = "MPIR_CVAR_ALLREDUCE_COMPOSITION"
+#: ``MPIR_CVAR_ALLREDUCE_COMPOSITION`` values by name, as MPICH's ``MPID_Allreduce``
+#: (``src/mpid/ch4/src/ch4_coll.h``) switches on them: 0 its JSON selection; 1 alpha, the
+#: intra-node reduce, the node leaders' allreduce, the intra-node bcast; 2 beta, the network
+#: module's allreduce over every rank (a flat algorithm); 3 gamma, shared memory only (one
+#: node); 4 delta, several leaders per node, each the leader of a part of the message. A
+#: composition whose conditions fail (alpha on one node, gamma across nodes, delta on
+#: unbalanced nodes) falls back to beta, silently under the default
+#: ``MPIR_CVAR_COLLECTIVE_FALLBACK=silent``.
+COMPOSITIONS = {"auto": 0, "alpha": 1, "beta": 2, "gamma": 3, "delta": 4}
+#: The words of each value's line in the installed library's description (its check).
+_COMPOSITION_WORDS = {1: "NM + SHM", 2: "NM only", 3: "SHM only", 4: "Multi leaders"}
+
+
+@functools.lru_cache(maxsize=1)
+def compositions() -> dict[str, int]:
+    """The compositions this MPICH offers (``COMPOSITIONS``, checked against the installed
+    library's description of the variable, which numbers them the same way);
+    ``MpitError`` where MPI_T, the variable or a value is missing or not writable."""
+    desc, scope, writable, _ = _require().info(COMPOSITION_CVAR)
+    if not writable:
+        raise MpitError(f"{COMPOSITION_CVAR} has scope {scope}: not writable at run time")
+    text = " ".join(desc.split())
+    out = {"auto": 0}
+    for name, value in COMPOSITIONS.items():
+        if value and f"{value} {_COMPOSITION_WORDS[value]}" in text:
+            out[name] = value
+    if len(out) == 1:
+        raise MpitError(f"{COMPOSITION_CVAR}: cannot read its values from the description "
+                        f"({text[:80]!r})")
+    return out
+
+
+def composition_value(name: str) -> int:
+    """The ``MPIR_CVAR_ALLREDUCE_COMPOSITION`` value of ``name``; ``ValueError`` naming the
+    ones this MPICH has."""
+    table = compositions()
+    if name not in table:
+        raise ValueError(f"composition: {name!r} is not an allreduce composition of this "
+                         f"MPICH (it has {', '.join(table)})")
+    return table[name]
 
 
 def read_cvar(name: str) -> int | str:

@@ -135,6 +135,14 @@ class Algorithm(ABC):
         return {}
 
     @classmethod
+    def search_space_on(cls, trial: Any, world_size: int, nbytes: int,
+                        hosts: int) -> dict[str, Any]:
+        """``search_space`` for a world spanning ``hosts`` hosts (what the tuner calls).
+        Override it, not ``search_space``, for a parameter that matters only across hosts;
+        the default ignores ``hosts``."""
+        return cls.search_space(trial, world_size, nbytes)
+
+    @classmethod
     def params_schema(cls) -> dict[str, Any]:
         """JSON Schema of a profile rule's ``params`` for this algorithm (an object schema;
         ``collectives.schema`` adds the ``transport`` key every rule's params may carry).

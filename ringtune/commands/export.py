@@ -2,6 +2,8 @@
 never import ringtune:
 
   mpich  MPICH collective-selection JSON: MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE=FILE
+         (+ FILE.ch4.json for native compositions:
+          MPIR_CVAR_CH4_COLL_SELECTION_TUNING_JSON_FILE=FILE.ch4.json)
   nccl   NCCL example tuner-plugin CSV:   NCCL_TUNER_PLUGIN=... NCCL_TUNER_CONFIG_FILE=FILE
   ompi   Open MPI coll/tuned rules:       --mca coll_tuned_use_dynamic_rules 1
                                           --mca coll_tuned_dynamic_rules_filename FILE
@@ -55,13 +57,26 @@ def run(args: argparse.Namespace) -> int:
     shapes.sort(key=lambda ps: ps[0].world_size or 0)
     mod = importlib.import_module(f"ringtune.export.{args.format}")
     text, notes = mod.render(shapes)
+    ch4 = mod.render_ch4(shapes) if args.format == "mpich" else None
+    if ch4 is not None and not args.out:
+        raise UsageError("--format mpich: the profile names MPICH compositions, which go to "
+                         "a second file (ch4's selection) next to --out: give --out FILE")
     if args.format == "mpich":
-        mod.check_with_library(text)
-    for note in notes:
+        mod.check_with_library(text, ch4_text=ch4[0] if ch4 else None)
+    if args.format != "mpich":
+        notes += [f"rules[{s.rule}]: composition {s.composition} is MPICH's; {args.format} "
+                  "has no such choice: not exported" for _, segs in shapes for s in segs
+                  if s.composition != "auto"]
+    for note in notes + (ch4[1] if ch4 else []):
         print(f"ringtune export: {note}", file=sys.stderr)
     if args.out:
         write_text_atomic(args.out, text)
         print(f"wrote {args.out} ({args.format})", file=sys.stderr)
+        if ch4 is not None:
+            path = mod.ch4_path(args.out)
+            write_text_atomic(path, ch4[0])
+            print(f"wrote {path} (MPICH ch4 compositions): run jobs with "
+                  f"{mod.ENV_FILE}={args.out} {mod.CH4_ENV_FILE}={path}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0

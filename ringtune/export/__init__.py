@@ -42,6 +42,9 @@ class Segment:
     #: onto their own, e.g. Open MPI's Rabenseifner for ``rhd``).
     algorithm: str = "native"
     params: Any = None
+    #: MPICH's allreduce composition (``native composition=``; ``auto``: its own choice),
+    #: exported in MPICH's ch4 selection file (``ringtune.export.mpich.render_ch4``).
+    composition: str = DEFAULT
 
 
 def plan(profile: Profile) -> list[Segment]:
@@ -56,7 +59,8 @@ def plan(profile: Profile) -> list[Segment]:
             impl = str(rule.params.get("impl", DEFAULT))
             busbw = (rule.measured or {}).get("busbw_gbps")
             out.append(Segment(rule.min_bytes, rule.max_bytes, impl, i, source, "tuned",
-                               busbw, rule.algorithm, dict(rule.params)))
+                               busbw, rule.algorithm, dict(rule.params),
+                               str(rule.params.get("composition", DEFAULT))))
             continue
         entries = sorted(_native_entries(profile, i), key=lambda e: e["bytes"])
         if not entries:
@@ -81,7 +85,8 @@ def plan(profile: Profile) -> list[Segment]:
                     f"({e['busbw_gbps']:g} GB/s vs {source}'s "
                     f"{(rule.measured or {}).get('busbw_gbps', 'n/a')} GB/s)")
             out.append(Segment(lo, hi, str(e["impl"]), i, source, note,
-                               float(e["busbw_gbps"]), rule.algorithm, dict(rule.params)))
+                               float(e["busbw_gbps"]), rule.algorithm, dict(rule.params),
+                               str(e.get("composition", DEFAULT))))
             if hi is None:
                 break
             lo = hi + 1
@@ -99,10 +104,12 @@ def merged(segments: Sequence[Segment]) -> list[Segment]:
     range); the notes of the merged ones are kept in the first's rule index order."""
     out: list[Segment] = []
     for s in segments:
-        if out and out[-1].impl == s.impl and out[-1].note == "tuned" == s.note:
+        if (out and out[-1].impl == s.impl and out[-1].composition == s.composition
+                and out[-1].note == "tuned" == s.note):
             last = out[-1]
             out[-1] = Segment(last.min_bytes, s.max_bytes, last.impl, last.rule, last.source,
-                              last.note, last.busbw_gbps, last.algorithm, last.params)
+                              last.note, last.busbw_gbps, last.algorithm, last.params,
+                              last.composition)
         else:
             out.append(s)
     return out

@@ -17,6 +17,14 @@ only (so commutative), counts of at least the power of two below the communicato
 ``smp`` only on a communicator with a node hierarchy. An algorithm's parameters (``k``,
 ``tree_type``, …) are written explicitly, from the values the library runs them with now
 (MPICH leaves unnamed ones uninitialised). JSON has no comments: notes go to stderr.
+
+A rule's ``composition`` (how MPICH's ch4 layer composes the allreduce of intra- and
+inter-node parts) is not part of that tree: it is chosen one level up, by ch4's own
+selection tree (``MPIR_CVAR_CH4_COLL_SELECTION_TUNING_JSON_FILE``, the
+``MPIDI_Allreduce_intra_composition_*`` leaves). ``render_ch4`` writes that second file
+where some rule names a composition: the installed library's ch4 tree with the branch for
+commutative ops on a communicator spanning nodes replaced by the rules' compositions per
+size (``auto`` rules keep the library's own branch).
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from collectives.profile import Profile
 from . import DEFAULT, Segment
 
 ENV_FILE = "MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE"
+CH4_ENV_FILE = "MPIR_CVAR_CH4_COLL_SELECTION_TUNING_JSON_FILE"
+COMPOSITION_ENV = "MPIR_CVAR_ALLREDUCE_COMPOSITION"
 #: ``avg_msg_size<=N`` is read with ``atoi``: larger bounds would overflow.
 _INT_MAX = 2**31 - 1
 
@@ -61,9 +71,11 @@ def container(impl: str) -> str:
     return f"algorithm=MPIR_Allreduce_intra_{impl}"
 
 
-def builtin_tree(path: str | None = None) -> dict[str, Any]:
+def builtin_tree(path: str | None = None, marker: bytes = b"MPIR_Allreduce_intra"
+                 ) -> dict[str, Any]:
     """The installed MPICH's built-in selection tree (its libmpi's ``MPII_coll_generic_json``
-    string: the one JSON object there that names ``MPIR_Allreduce_intra`` algorithms)."""
+    string: the one JSON object there that names ``MPIR_Allreduce_intra`` algorithms; with
+    ``marker=b"MPIDI_Allreduce_intra_composition"``, ch4's tree of compositions)."""
     lib = path or library_file()
     with open(lib, "rb") as fh:
         data = fh.read()
@@ -72,11 +84,11 @@ def builtin_tree(path: str | None = None) -> dict[str, Any]:
     while at >= 0:
         start, end = data.rfind(b"\0", 0, at) + 1, data.find(b"\0", at)
         blob = data[start:end]
-        if b"MPIR_Allreduce_intra" in blob and blob.lstrip().startswith(b"{"):
+        if marker in blob and blob.lstrip().startswith(b"{"):
             return dict(json.loads(blob.decode()))
         at = data.find(key, at + 1)
-    raise ValueError(f"{lib}: no built-in MPIR collective-selection tree found; is this "
-                     "MPICH (>= 4)?")
+    raise ValueError(f"{lib}: no built-in collective-selection tree naming "
+                     f"{marker.decode()} found; is this MPICH (>= 4)?")
 
 
 def library_file() -> str:
@@ -158,6 +170,84 @@ def render(shapes: Sequence[tuple[Profile, Sequence[Segment]]]) -> tuple[str, li
     return json.dumps(tree, indent=1) + "\n", notes
 
 
+def composition_leaf(name: str) -> str:
+    """ch4's selection-tree leaf of composition ``name`` (``alpha``, ``beta``, …)."""
+    return f"composition=MPIDI_Allreduce_intra_composition_{name}"
+
+
+def file_compositions(path: str | None = None) -> set[str]:
+    """The compositions the installed MPICH's ch4 selection file can name (a leaf string
+    its parser knows; MPICH 5.0.2 has alpha, beta, gamma: delta only as a control-variable
+    value, its parser asserts on a delta leaf)."""
+    from collectives.mpit import COMPOSITIONS
+
+    with open(path or library_file(), "rb") as fh:
+        data = fh.read()
+    return {n for n in COMPOSITIONS if n != DEFAULT
+            and composition_leaf(n).encode() + b"\0" in data}
+
+
+def composition_branch(segments: Sequence[Segment], own: dict[str, Any],
+                       known: set[str] | None = None) -> dict[str, Any]:
+    """ch4's branch for commutative ops across nodes: each segment's composition by size,
+    ``own`` (the library's branch) where the composition is ``auto`` or not in ``known``."""
+    chain: dict[str, Any] = {}
+    for k, s in enumerate(segments):
+        named = s.composition != DEFAULT and (known is None or s.composition in known)
+        body = {composition_leaf(s.composition): {}} if named else copy.deepcopy(own)
+        last = k == len(segments) - 1 or s.max_bytes is None or s.max_bytes >= _INT_MAX
+        chain["avg_msg_size=any" if last else f"avg_msg_size<={s.max_bytes}"] = body
+        if last:
+            break
+    return chain
+
+
+def render_ch4(shapes: Sequence[tuple[Profile, Sequence[Segment]]]
+               ) -> tuple[str, list[str]] | None:
+    """ch4's selection file (JSON text and notes) for the rules' compositions, or None
+    where every rule leaves the composition to the library."""
+    from collectives.mpit import COMPOSITIONS
+
+    if all(s.composition == DEFAULT for _, segs in shapes for s in segs):
+        return None
+    for _, segments in shapes:
+        for s in segments:
+            if s.composition not in COMPOSITIONS:
+                raise ValueError(f"rules[{s.rule}]: composition {s.composition!r} is not "
+                                 f"one of MPICH's ({', '.join(COMPOSITIONS)})")
+    tree = builtin_tree(marker=b"MPIDI_Allreduce_intra_composition")
+    try:
+        parent = tree["collective=allreduce"]["comm_type=intra"]["comm_size=any"][
+            "comm_hierarchy=parent"]
+        own = parent["is_commutative=yes"]
+    except (KeyError, TypeError):
+        raise ValueError("the installed MPICH's ch4 tree has no allreduce branch for "
+                         "commutative ops across nodes (comm_size=any / "
+                         "comm_hierarchy=parent / is_commutative=yes): cannot place a "
+                         "composition") from None
+    known = file_compositions()
+    if len(shapes) == 1:
+        parent["is_commutative=yes"] = composition_branch(shapes[0][1], own, known)
+    else:
+        parent["is_commutative=yes"] = {
+            ("comm_size=any" if k == len(shapes) - 1 else f"comm_size<={p.world_size}"):
+            composition_branch(segs, own, known) for k, (p, segs) in enumerate(shapes)}
+    notes = [f"rules[{s.rule}] {_range(s)}: composition {s.composition}"
+             + ("" if s.composition in known else
+                " is not expressible in this MPICH's ch4 selection file (its parser has "
+                f"only {', '.join(sorted(known))}): the library's own composition there; "
+                f"set {COMPOSITION_ENV}={COMPOSITIONS[s.composition]} for the whole job "
+                "instead")
+             for _, segs in shapes for s in segs if s.composition != DEFAULT]
+    return json.dumps(tree, indent=1) + "\n", notes
+
+
+def ch4_path(out: str) -> str:
+    """Where the ch4 file goes next to ``out``: ``tuning.json`` -> ``tuning.ch4.json``."""
+    root, ext = os.path.splitext(out)
+    return f"{root}.ch4{ext or '.json'}"
+
+
 def _range(s: Segment) -> str:
     return f"{s.min_bytes}..{'' if s.max_bytes is None else s.max_bytes}"
 
@@ -200,9 +290,10 @@ def _parse_branch(intra: dict[str, Any]) -> list[tuple[int | None, str]]:
     return out
 
 
-def check_with_library(text: str, world: int = 1) -> None:
-    """Start the installed MPICH with the file (one process, a few allreduces of every
-    exported range): ``ValueError`` with MPICH's own message when it rejects the file."""
+def check_with_library(text: str, world: int = 1, ch4_text: str | None = None) -> None:
+    """Start the installed MPICH with the file (and ch4's, ``ch4_text``; one process, a few
+    allreduces of every exported range): ``ValueError`` with MPICH's own message when it
+    rejects a file."""
     code = ("import numpy as np\nfrom mpi4py import MPI\n"
             "for n in (0, 1, 8, 1024, 65536, 1 << 20):\n"
             "    a = np.ones(max(n // 4, 1), np.float32)\n"
@@ -215,6 +306,10 @@ def check_with_library(text: str, world: int = 1) -> None:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("PMI_", "PMIX_", "HYDRA", "MPIR_CVAR_"))}
         env[ENV_FILE] = path
+        if ch4_text is not None:
+            env[CH4_ENV_FILE] = os.path.join(tmp, "tuning.ch4.json")
+            with open(env[CH4_ENV_FILE], "w", encoding="utf-8") as fh:
+                fh.write(ch4_text)
         try:
             res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                  timeout=120, env=env)

@@ -1,6 +1,7 @@
 """The algorithm contract suite across emulated hosts: every algorithm (hierarchical
-dims=[2,2] included), odd sizes, every dtype and op, bitwise agreement between ranks — now
-with the ranks on different hosts talking over shaped veth links, not shared memory."""
+dims=[2,2] included; native with each MPICH algorithm and composition), odd sizes, every
+dtype and op, bitwise agreement between ranks — now with the ranks on different hosts
+talking over shaped veth links, not shared memory."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 from .conftest import emulate
 
 SUITE = ["python", "-m", "mpi4py", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/mpi/test_contract.py", "tests/mpi/test_hierarchical.py"]
+         "tests/mpi/test_contract.py", "tests/mpi/test_hierarchical.py",
+         "tests/mpi/test_native_impl.py"]
 
 
 @pytest.mark.parametrize("shape", ["2x2", "3x1"])

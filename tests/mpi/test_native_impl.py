@@ -50,13 +50,22 @@ def test_every_listed_algorithm_sums_correctly(comm) -> None:
     agree(bad)
 
 
+def _flat_composition() -> str:
+    """``beta`` where the world spans several hosts (there MPICH's default composition runs
+    ``impl`` among one leader per host only, too few for its order to show), else auto."""
+    from mpi4py import MPI
+
+    return "beta" if len(set(WORLD.allgather(MPI.Get_processor_name()))) > 1 else "auto"
+
+
 @pytest.mark.skipif(N < 3, reason="summation order is observable from 3 ranks")
 def test_selected_algorithm_really_runs(comm) -> None:
     count = 1 << 16
     digests = {}
+    comp = _flat_composition()
     for impl in ("auto", *ORDER_REVEALING):
         buf = spread_input(RANK, count)
-        comm.allreduce(buf, algorithm="native", impl=impl)
+        comm.allreduce(buf, algorithm="native", impl=impl, composition=comp)
         digests[impl] = hashlib.sha256(buf.tobytes()).hexdigest()
     bad = [f"impl={impl} gave auto's exact result: the selection did not reach MPICH"
            for impl in ORDER_REVEALING if digests[impl] == digests["auto"]]
@@ -70,13 +79,17 @@ def test_restriction_error_proves_the_choice(comm, monkeypatch) -> None:
     # The MPI error must reach this test, not end the job (collectives.abort).
     monkeypatch.setenv("RINGTUNE_ON_ERROR", "raise")
 
+    # Across hosts every rank must run the algorithm (not only the hosts' leaders, which
+    # would fail while the others wait in the bcast): the flat composition.
+    comp = _flat_composition()
     old = mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", 0)  # 0 = error
     bad = []
     try:
         buf = np.ones(1, np.float32)
         comm.allreduce(buf, algorithm="native")  # auto copes with any count
         try:
-            comm.allreduce(buf, algorithm="native", impl="reduce_scatter_allgather")
+            comm.allreduce(buf, algorithm="native", impl="reduce_scatter_allgather",
+                           composition=comp)
             bad.append("reduce_scatter_allgather accepted count 1 < pof2: not selected")
         except MPI.Exception:
             pass
@@ -90,3 +103,93 @@ def test_unknown_impl_names_the_installed_ones() -> None:
 
     with pytest.raises(ValueError, match="ring"):
         get_algorithm("native").check_params({"impl": "no_such_algorithm"}, N)
+
+
+def test_every_composition_sums_correctly_and_restores_the_default(comm) -> None:
+    count = 3 * 1024 + 7
+    want = sum(spread_input(r, count).astype(np.float64) for r in range(N))
+    bad = []
+    for comp in ("auto", "alpha", "beta", "gamma", "delta"):
+        for impl in ("auto", "ring"):
+            buf = spread_input(RANK, count)
+            comm.allreduce(buf, algorithm="native", composition=comp, impl=impl)
+            if not np.allclose(buf, want, rtol=1e-4, atol=1e-3):
+                bad.append(f"composition={comp} impl={impl}: wrong sum")
+            digests = WORLD.allgather(hashlib.sha256(buf.tobytes()).hexdigest())
+            if len(set(digests)) != 1:
+                bad.append(f"composition={comp} impl={impl}: ranks disagree bitwise")
+            if mpit.read_cvar(mpit.COMPOSITION_CVAR) != 0 or mpit.current() != "auto":
+                bad.append(f"composition={comp} impl={impl}: left the library on "
+                           f"composition {mpit.read_cvar(mpit.COMPOSITION_CVAR)}, "
+                           f"algorithm {mpit.current()}")
+    agree(bad)
+
+
+@pytest.mark.skipif(N < 2, reason="MPICH runs no composition on one rank")
+def test_composition_restriction_error_proves_the_choice(comm, monkeypatch) -> None:
+    """On one host MPICH's multi-leader composition (delta) cannot apply; under
+    ``MPIR_CVAR_COLLECTIVE_FALLBACK=error`` a call that really selected it fails, while
+    the same call with composition auto or beta succeeds."""
+    from mpi4py import MPI
+
+    monkeypatch.setenv("RINGTUNE_ON_ERROR", "raise")
+    hosts = set(WORLD.allgather(MPI.Get_processor_name()))
+    if len(hosts) != 1:
+        pytest.skip("delta's restriction is observable on one host")
+    old = mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", 0)  # 0 = error
+    bad = []
+    try:
+        buf = np.ones(1024, np.float32)
+        comm.allreduce(buf, algorithm="native", composition="beta")
+        try:
+            comm.allreduce(buf, algorithm="native", composition="delta")
+            bad.append("composition delta accepted a one-host communicator: not selected")
+        except MPI.Exception:
+            pass
+        if mpit.read_cvar(mpit.COMPOSITION_CVAR) != 0:
+            bad.append("a failed call left the composition set")
+    finally:
+        mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", old)
+    agree(bad)
+
+
+def test_unknown_composition_names_the_key() -> None:
+    from collectives.algorithms import get_algorithm
+
+    with pytest.raises(ValueError, match=r"^composition: .*alpha.*'omega'"):
+        get_algorithm("native").check_params({"composition": "omega"}, N)
+
+
+def test_composition_really_runs_across_hosts(comm, monkeypatch) -> None:
+    """Across hosts with several ranks on a host: under alpha, ``impl=ring`` runs among the
+    hosts' leaders only, under beta over every rank, and the two add float32 values in
+    different orders (alpha and beta with their default algorithm happen to agree bit for
+    bit on 2 x 2: both add each host's pair first). gamma needs the communicator on one
+    node: under ``MPIR_CVAR_COLLECTIVE_FALLBACK=error`` every rank's call fails, which only
+    a call that really selected it can show."""
+    from mpi4py import MPI
+
+    hosts = WORLD.allgather(MPI.Get_processor_name())
+    if len(set(hosts)) < 2 or len(set(hosts)) == N:
+        pytest.skip("needs several hosts with several ranks on one (run under emulate)")
+    count = 1 << 16
+    digests = {}
+    for comp in ("alpha", "beta"):
+        buf = spread_input(RANK, count)
+        comm.allreduce(buf, algorithm="native", composition=comp, impl="ring")
+        digests[comp] = hashlib.sha256(buf.tobytes()).hexdigest()
+    bad = []
+    if digests["alpha"] == digests["beta"]:
+        bad.append("impl=ring under composition alpha and beta gave the same bits")
+    monkeypatch.setenv("RINGTUNE_ON_ERROR", "raise")
+    old = mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", 0)  # 0 = error
+    try:
+        buf = np.ones(1024, np.float32)
+        try:
+            comm.allreduce(buf, algorithm="native", composition="gamma")
+            bad.append("composition gamma accepted a communicator across hosts")
+        except MPI.Exception:
+            pass
+    finally:
+        mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", old)
+    agree(bad)

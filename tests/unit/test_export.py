@@ -3,6 +3,7 @@ to end (a plain mpi4py program under mpiexec gets the exported algorithms), bad 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -153,3 +154,53 @@ def test_several_shapes_export_one_branch_each(tmp_path: Path) -> None:
     assert branches[2] == [(1048575, mpich.container("ring")),
                            (None, mpich.container("recursive_doubling"))]
     assert branches[None][0] == (16383, mpich.container("tree"))
+
+
+def test_mpich_compositions_go_to_the_ch4_file(tmp_path: Path) -> None:
+    """A native rule's ``composition`` is exported in MPICH's ch4 selection file (written
+    next to --out): the library's ch4 tree with the branch for commutative ops across nodes
+    replaced by the rules' compositions per size (golden), checked by the library; the
+    algorithm file keeps the rules' algorithms; without --out it is a usage error."""
+    from collectives import mpit
+
+    if mpit.unavailable_reason():
+        pytest.skip(mpit.unavailable_reason())
+    prof = GOLDEN / "composition.yaml"
+    out = tmp_path / "tuning.json"
+    res = export(str(prof), "--format", "mpich", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    ch4 = tmp_path / "tuning.ch4.json"
+    assert f"{mpich.CH4_ENV_FILE}={ch4}" in res.stderr
+    assert "rules[1] 1048576..16777215: composition beta" in res.stderr
+    tree = json.loads(ch4.read_text())
+    branch = tree["collective=allreduce"]["comm_type=intra"]["comm_size=any"][
+        "comm_hierarchy=parent"]["is_commutative=yes"]
+    golden = json.loads((ROOT / GOLDEN / "expected.ch4-allreduce.json").read_text())
+    own = mpich.builtin_tree(marker=b"MPIDI_Allreduce_intra_composition")[
+        "collective=allreduce"]["comm_type=intra"]["comm_size=any"][
+        "comm_hierarchy=parent"]["is_commutative=yes"]
+    golden["avg_msg_size<=1048575"] = own  # the auto rule: the library's own branch
+    assert branch == golden
+    # The rest of ch4's tree is the library's own.
+    assert tree["collective=bcast"] == mpich.builtin_tree(
+        marker=b"MPIDI_Allreduce_intra_composition")["collective=bcast"]
+    assert [leaf for _, leaf in mpich.parse(out.read_text())][1:] == [
+        "<library>", mpich.container("recursive_doubling")]
+    res = export(str(prof), "--format", "mpich")
+    assert res.returncode == 2 and "--out" in res.stderr
+    # delta has no leaf in this MPICH's ch4 file (its parser asserts): said, not written.
+    if "delta" not in mpich.file_compositions():
+        with_delta = tmp_path / "delta.yaml"
+        with_delta.write_text((ROOT / prof).read_text().replace("composition: alpha",
+                                                       "composition: delta"))
+        res = export(str(with_delta), "--format", "mpich", "--out", str(out))
+        assert res.returncode == 0, res.stderr
+        assert "composition delta is not expressible" in res.stderr
+        assert "MPIR_CVAR_ALLREDUCE_COMPOSITION=4" in res.stderr
+        branch = json.loads(ch4.read_text())["collective=allreduce"]["comm_type=intra"][
+            "comm_size=any"]["comm_hierarchy=parent"]["is_commutative=yes"]
+        assert branch["avg_msg_size=any"] == own
+    # A profile without compositions writes no ch4 file.
+    plain = tmp_path / "plain.json"
+    assert export(str(PROFILE), "--format", "mpich", "--out", str(plain)).returncode == 0
+    assert not (tmp_path / "plain.ch4.json").exists()
