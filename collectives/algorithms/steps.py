@@ -19,6 +19,7 @@ do not.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Generator, Sequence
 from typing import Any
 
@@ -59,8 +60,15 @@ def interleave(schedules: Sequence[Steps]) -> None:
     schedules' order."""
     from mpi4py import MPI
 
+    from ..stall import stall_timeout
+
     testany = MPI.Request.Testany
     sched_yield = os.sched_yield
+    # RINGTUNE_STALL_TIMEOUT: the poll below gives up after that long without any request
+    # completing and hands over to the earliest schedule's own (watched) wait, which names
+    # the peers and raises StallError if they stay silent: a dead peer ends a pipelined
+    # grid within twice the timeout, never hangs it.
+    stall = stall_timeout()
     todo = list(schedules)
     live: list[_Running] = []  # started, unfinished, in start order
     started = 0
@@ -111,23 +119,37 @@ def interleave(schedules: Sequence[Steps]) -> None:
                 reqs = []
                 break
             reqs += r
-        if reqs:
-            # Until any awaited request completes: Testany (MPI progresses every piece's
-            # transfers inside it), then give the core away. Where ranks outnumber cores
-            # (or share them with the kernel's network stack), a spin in Waitany takes the
-            # CPU from the partner rank and the softirqs the other pieces need.
-            while not testany(reqs)[1]:
-                sched_yield()
+        # Until any awaited request completes: Testany (MPI progresses every piece's
+        # transfers inside it), then give the core away. Where ranks outnumber cores (or
+        # share them with the kernel's network stack), a spin in Waitany takes the CPU from
+        # the partner rank and the softirqs the other pieces need.
+        if reqs and _poll(reqs, testany, sched_yield, stall):
+            continue
+        # A transport that cannot poll may never say its batch is over, or nothing moved
+        # for the stall timeout: block in the earliest schedule's own wait, then resume it
+        # without asking ``test`` again.
+        first = live[0]
+        pending, recv_only = first.wait
+        if recv_only:
+            pending.wait_recv()
         else:
-            # A transport that cannot poll may never say its batch is over: resume the
-            # schedule right after its wait, without asking ``test`` again.
-            first = live[0]
-            pending, recv_only = first.wait
-            if recv_only:
-                pending.wait_recv()
-            else:
-                pending.wait()
-            advance(first)
+            pending.wait()
+        advance(first)
+
+
+def _poll(reqs: list[Any], testany: Any, sched_yield: Any, stall: float | None) -> bool:
+    """Poll ``reqs`` until one completes (True) or, with a stall timeout, until that long
+    has passed without any completing (False)."""
+    if stall is None:
+        while not testany(reqs)[1]:
+            sched_yield()
+        return True
+    deadline = time.monotonic() + stall
+    while not testany(reqs)[1]:
+        if time.monotonic() > deadline:
+            return False
+        sched_yield()
+    return True
 
 
 class _Running:

@@ -196,3 +196,43 @@ def test_pipelined_grid_runs_where_the_transport_cannot_poll(
 
     fails = [line for lines in inproc.run_ranks(4, rank) for line in lines]
     assert not fails, "\n".join(fails[:8])
+
+
+def test_a_silent_peer_hands_the_poll_to_the_watched_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``RINGTUNE_STALL_TIMEOUT`` the interleaved poll gives up after that long without
+    a completed request and blocks in the earliest schedule's own wait, which is where the
+    MPI transport's watchdog names the peers and raises: a dead peer never hangs a
+    pipelined grid. (Without the timeout the poll would spin on this request forever.)"""
+    import time
+
+    from mpi4py import MPI
+
+    from collectives.stall import StallError
+
+    monkeypatch.setenv("RINGTUNE_STALL_TIMEOUT", "0.2")
+    req = MPI.COMM_SELF.Irecv(bytearray(1), source=0, tag=4242)  # never sent
+    handed: list[float] = []
+
+    class Silent(Pending):
+        def wait(self) -> None:
+            handed.append(time.monotonic())
+            raise StallError("the watched wait gave up")
+
+        def test(self, recv_only: bool = False) -> bool:
+            return False
+
+        def requests(self, recv_only: bool = False) -> list[Any] | None:
+            return [req]
+
+    def schedule() -> Steps:
+        yield Silent(), False
+
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(StallError):
+            interleave([schedule()])
+    finally:
+        req.Cancel()
+        req.Wait()
+    assert len(handed) == 1 and 0.2 <= handed[0] - t0 < 10, handed
