@@ -132,14 +132,17 @@ class Communicator:
             return ProfileError(f"{path}: cannot read profile: {exc.strerror or exc}")
 
     def _agree_at_construction(self) -> tuple[int, ...]:
-        """One allgather: host names (for ring orders), and the profile hash and backend,
-        which must be equal on every rank. On disagreement every rank raises the same."""
+        """One allgather: host names (for ring orders), and the profile's digest and
+        backend, which must be equal on every rank. On disagreement every rank raises the
+        same. The digest is the file's bytes' (``Profile.source_digest``) where a file was
+        read; only where those differ (another copy laid out otherwise, or a ``Profile``
+        object) is the content hash computed and compared, in a second allgather."""
         from mpi4py import MPI
 
         prof = self.profile
         mine = (
             MPI.Get_processor_name(),
-            None if isinstance(prof, Exception) else prof.sha256,
+            None if isinstance(prof, Exception) else prof.source_digest or prof.sha256,
             str(prof) if isinstance(prof, Exception) else None,
             None if isinstance(prof, Exception) else prof.backend,
         )
@@ -151,8 +154,14 @@ class Communicator:
                                else f"rank {r}: {e}")
         hashes = {h for _, h, _, _ in everyone}
         if len(hashes) > 1:
+            # Every rank saw the same list, so every rank takes this branch: files that
+            # differ byte for byte may still hold the same profile.
+            assert isinstance(prof, Profile)
+            content = self.comm.allgather(prof.sha256)
+            hashes = set(content)
+        if len(hashes) > 1:
             groups: dict[str, list[int]] = {}
-            for r, (_, h, _, _) in enumerate(everyone):
+            for r, h in enumerate(content):
                 groups.setdefault(h[:12], []).append(r)
             detail = "; ".join(f"ranks {v} loaded {k}…" for k, v in groups.items())
             raise AgreementError(

@@ -198,6 +198,33 @@ def test_different_profiles_on_different_ranks(folder: str) -> None:
     assert issubclass(AgreementError, Exception)
 
 
+def test_copies_laid_out_differently_hold_the_same_profile(folder: str) -> None:
+    """Ranks agree on the file's bytes first; where the bytes differ (a copy written with
+    another layout and a comment, here on odd ranks) they compare the content, and equal
+    content is the same profile: every rank builds its communicator, with the same plan."""
+    if N == 1:
+        pytest.skip("one rank has one copy")
+    import yaml
+
+    path = os.path.join(folder, f"copy{RANK}.yaml")
+    data = profile_dict()
+    if RANK % 2 == 0:
+        write_profile(data, path)
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("# the same profile, another layout\n")
+            yaml.safe_dump(data, f, default_flow_style=False, sort_keys=True)
+    WORLD.Barrier()
+    from collectives.profile import load_profile
+
+    digests = WORLD.allgather(load_profile(path).source_digest)
+    fails = [] if len(set(digests)) == 2 else [f"the copies' bytes should differ: {digests}"]
+    result = outcome(lambda: Communicator(WORLD, profile=path).plan_for(8192).algorithm)
+    if result != "ok":
+        fails.append(result)
+    agree(fails)
+
+
 def test_broken_profile_on_one_rank_fails_everywhere(folder: str) -> None:
     if N == 1:
         pytest.skip("needs a rank whose file differs")
