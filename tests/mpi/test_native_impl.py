@@ -10,6 +10,8 @@ under ``MPIR_CVAR_COLLECTIVE_FALLBACK=error``, which only a call that really ran
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -26,6 +28,18 @@ pytestmark = pytest.mark.skipif(bool(mpit.unavailable_reason()),
 
 #: Algorithms whose float32 summation order differs from MPICH's default at 3 and 4 ranks.
 ORDER_REVEALING = ("ring", "tree")
+
+
+@contextmanager
+def _fallback_is_an_error() -> Iterator[None]:
+    """``MPIR_CVAR_COLLECTIVE_FALLBACK`` = error (0) inside, restored after: a call whose
+    selected algorithm or composition cannot apply then fails instead of silently running
+    another, which only a call that really selected it can show."""
+    old = mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", 0)
+    try:
+        yield
+    finally:
+        mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", old)
 
 
 def spread_input(rank: int, count: int) -> np.ndarray:
@@ -82,9 +96,8 @@ def test_restriction_error_proves_the_choice(comm, monkeypatch) -> None:
     # Across hosts every rank must run the algorithm (not only the hosts' leaders, which
     # would fail while the others wait in the bcast): the flat composition.
     comp = _flat_composition()
-    old = mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", 0)  # 0 = error
     bad = []
-    try:
+    with _fallback_is_an_error():
         buf = np.ones(1, np.float32)
         comm.allreduce(buf, algorithm="native")  # auto copes with any count
         try:
@@ -93,8 +106,6 @@ def test_restriction_error_proves_the_choice(comm, monkeypatch) -> None:
             bad.append("reduce_scatter_allgather accepted count 1 < pof2: not selected")
         except MPI.Exception:
             pass
-    finally:
-        mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", old)
     agree(bad)
 
 
@@ -136,9 +147,8 @@ def test_composition_restriction_error_proves_the_choice(comm, monkeypatch) -> N
     hosts = set(WORLD.allgather(MPI.Get_processor_name()))
     if len(hosts) != 1:
         pytest.skip("delta's restriction is observable on one host")
-    old = mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", 0)  # 0 = error
     bad = []
-    try:
+    with _fallback_is_an_error():
         buf = np.ones(1024, np.float32)
         comm.allreduce(buf, algorithm="native", composition="beta")
         try:
@@ -148,8 +158,6 @@ def test_composition_restriction_error_proves_the_choice(comm, monkeypatch) -> N
             pass
         if mpit.read_cvar(mpit.COMPOSITION_CVAR) != 0:
             bad.append("a failed call left the composition set")
-    finally:
-        mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", old)
     agree(bad)
 
 
@@ -182,14 +190,11 @@ def test_composition_really_runs_across_hosts(comm, monkeypatch) -> None:
     if digests["alpha"] == digests["beta"]:
         bad.append("impl=ring under composition alpha and beta gave the same bits")
     monkeypatch.setenv("RINGTUNE_ON_ERROR", "raise")
-    old = mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", 0)  # 0 = error
-    try:
+    with _fallback_is_an_error():
         buf = np.ones(1024, np.float32)
         try:
             comm.allreduce(buf, algorithm="native", composition="gamma")
             bad.append("composition gamma accepted a communicator across hosts")
         except MPI.Exception:
             pass
-    finally:
-        mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", old)
     agree(bad)

@@ -37,15 +37,14 @@ def _same_on_every_rank(t: torch.Tensor) -> bool:
     return len(set(WORLD.allgather(digest))) == 1
 
 
-@pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.004])  # one bucket; several
-def test_hook_matches_ddp_allreduce_each_step(comm, bucket_cap_mb) -> None:
-    ours, ref = make_model(32, 2), make_model(32, 2)
-    ddp_ours, state = wrap(ours, "ringtune", comm, bucket_cap_mb)
-    ddp_ref, _ = wrap(ref, "gloo", None, bucket_cap_mb)
+def _train_side_by_side(ddp_ours: nn.Module, ours: nn.Module, ddp_ref: nn.Module,
+                        ref: nn.Module, steps: int) -> list[str]:
+    """``steps`` SGD steps of both wrapped models on the same shards; what went wrong (the
+    first step whose parameters differ from DDP's own, or differ across ranks), else []."""
     opt_ours = torch.optim.SGD(ddp_ours.parameters(), lr=0.05, momentum=0.9)
     opt_ref = torch.optim.SGD(ddp_ref.parameters(), lr=0.05, momentum=0.9)
-    bad = []
-    for step in range(12):
+    bad: list[str] = []
+    for step in range(steps):
         _step(ddp_ours, opt_ours, step)
         _step(ddp_ref, opt_ref, step)
         a, b = _flat(ours), _flat(ref)
@@ -55,6 +54,15 @@ def test_hook_matches_ddp_allreduce_each_step(comm, bucket_cap_mb) -> None:
             bad.append(f"step {step}: parameters differ across ranks")
         if bad:
             break
+    return bad
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.004])  # one bucket; several
+def test_hook_matches_ddp_allreduce_each_step(comm, bucket_cap_mb) -> None:
+    ours, ref = make_model(32, 2), make_model(32, 2)
+    ddp_ours, state = wrap(ours, "ringtune", comm, bucket_cap_mb)
+    ddp_ref, _ = wrap(ref, "gloo", None, bucket_cap_mb)
+    bad = _train_side_by_side(ddp_ours, ours, ddp_ref, ref, steps=12)
     if bucket_cap_mb < 1 and not state._checked:
         bad.append("no bucket layout was checked")
     agree(bad)
@@ -223,19 +231,7 @@ def test_channels_match_ddp_allreduce_each_step(comm) -> None:
     state = HookState(comm, channels=2)
     ddp_ours.register_comm_hook(state, ddp_hook)
     ddp_ref, _ = wrap(ref, "gloo", None, 0.004)
-    opt_ours = torch.optim.SGD(ddp_ours.parameters(), lr=0.05, momentum=0.9)
-    opt_ref = torch.optim.SGD(ddp_ref.parameters(), lr=0.05, momentum=0.9)
-    bad = []
-    for step in range(8):
-        _step(ddp_ours, opt_ours, step)
-        _step(ddp_ref, opt_ref, step)
-        a, b = _flat(ours), _flat(ref)
-        if not torch.allclose(a, b, rtol=1e-5, atol=1e-6):
-            bad.append(f"step {step}: max |ours - DDP| = {float((a - b).abs().max())}")
-        if not _same_on_every_rank(a):
-            bad.append(f"step {step}: parameters differ across ranks")
-        if bad:
-            break
+    bad = _train_side_by_side(ddp_ours, ours, ddp_ref, ref, steps=8)
     if len(state.channels) != 2:
         bad.append(f"{len(state.channels)} channels")
     elif SIZE > 1 and not all(c._plans for c, _ in state.channels):

@@ -7,7 +7,6 @@ halving/doubling over every rank; auto: what MPICH's own selection runs)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -17,12 +16,8 @@ from autotune import space
 from autotune.model import Model
 from collectives import mpit
 from collectives.algorithms import get_algorithm
-from collectives.errors import ProfileError
-from collectives.profile import profile_from_dict
 
 from .test_model import two_hosts
-from .test_profile import GOOD
-from .test_profile_schema import validator  # noqa: F401 - the fixture
 
 NATIVE = get_algorithm("native")
 MPICH = not mpit.unavailable_reason()
@@ -36,18 +31,6 @@ def test_check_params_accepts_every_composition_and_names_the_key_on_a_bad_one()
             NATIVE.check_params({"composition": bad}, 4)
     assert NATIVE.check_params({"impl": "auto", "composition": "beta"}, 4) == {
         "impl": "auto", "composition": "beta"}
-
-
-def test_composition_is_in_the_schema(validator: Any) -> None:  # noqa: F811
-    data = json.loads(json.dumps(GOOD[sorted(GOOD)[0]]))
-    rule = next(r for r in data["rules"] if r["algorithm"] == "native")
-    rule["params"] = {"composition": "beta"}
-    assert validator.is_valid(data), [e.message for e in validator.iter_errors(data)]
-    profile_from_dict(data, "composition-beta")
-    rule["params"] = {"composition": "omega"}
-    assert not validator.is_valid(data)
-    with pytest.raises(ProfileError, match="composition"):
-        profile_from_dict(data, "composition-bad")
 
 
 def _configs(hosts: int) -> list[dict[str, Any]]:

@@ -88,15 +88,19 @@ def test_checked_in_schema_is_generated_from_the_registry() -> None:
         assert fh.read() == schema_text(), "profiles/schema is stale: run make schema"
 
 
-def test_native_impl_is_in_the_schema(validator: Any) -> None:
-    """``native`` accepts ``impl`` (the library's own algorithm): the schema agrees with the
-    loader, and refuses a malformed name the loader refuses too."""
+@pytest.mark.parametrize("key, good, bad", [("impl", "auto", "Not A Name"),
+                                            ("composition", "beta", "omega")])
+def test_native_params_are_in_the_schema(validator: Any, key: str, good: str,
+                                         bad: str) -> None:
+    """``native`` accepts ``impl`` (the library's own algorithm) and ``composition``
+    (MPICH's): the schema agrees with the loader, and refuses a value the loader refuses
+    too."""
     data = json.loads(json.dumps(GOOD[sorted(GOOD)[0]]))
     rule = next(r for r in data["rules"] if r["algorithm"] == "native")
-    rule["params"] = {"impl": "auto"}
+    rule["params"] = {key: good}
     assert validator.is_valid(data), [e.message for e in validator.iter_errors(data)]
-    profile_from_dict(data, "impl-auto")
-    rule["params"] = {"impl": "Not A Name"}
+    profile_from_dict(data, f"{key}-good")
+    rule["params"] = {key: bad}
     assert not validator.is_valid(data)
-    with pytest.raises(ProfileError, match="impl"):
-        profile_from_dict(data, "impl-bad")
+    with pytest.raises(ProfileError, match=key):
+        profile_from_dict(data, f"{key}-bad")
