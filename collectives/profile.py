@@ -311,16 +311,16 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
         v.fail("rules", "expected at least one rule (min_bytes: 0, max_bytes: null covers "
                         "every size)")
     out: list[Rule] = []
+    #: ``_params_key`` of every (algorithm, params) that passed its algorithm's checks; a
+    #: later rule with the same params may take the fast path (``_fast_rule``).
     checked_params: set[Any] = set()
-    #: Fast-path keys of the (algorithm, params) already checked (``_fast_rule``).
-    known: set[Any] = set()
     names = frozenset(algorithm_names())
     prev_max: int | None = -1
     for i, item in enumerate(value):
         # Most rules of a large table pass every check below; ``_fast_rule`` makes the same
         # checks with exact types and no messages. It leaves any doubt to the checks below,
         # which name the problem.
-        fast = _fast_rule(item, prev_max, names, known)
+        fast = _fast_rule(item, prev_max, names, checked_params)
         if fast is not None:
             out.append(fast)
             prev_max = fast.max_bytes
@@ -391,11 +391,6 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
             _native_entries(v, rule["native"], f"{where}.native")
         # Keep the params as written (defaults are filled at plan time), but validated.
         out.append(Rule(lo, hi, algo, params, rtrans, measured))
-        # These params (the transport taken out) passed the algorithm's checks: a later
-        # rule with the same ones may take the fast path.
-        fast_key = _fast_params_key(algo, params)
-        if fast_key is not None:
-            known.add(fast_key)
     if prev_max is not None:
         v.fail(f"rules[{len(value) - 1}].max_bytes", f"the last rule must have max_bytes: "
                f"null (no upper end), got {prev_max}: larger messages would have no rule")
@@ -408,10 +403,10 @@ _MEASURED_KEYS = frozenset(MEASURED_KEYS)
 
 
 def _fast_rule(item: Any, prev_max: int | None, names: frozenset[str],
-               known: set[Any]) -> Rule | None:
+               checked: set[Any]) -> Rule | None:
     """The ``Rule`` of ``item`` when it passes every check of ``_rules`` in the common case:
     a ``dict`` with exact ``int``/``float``/``str`` values, starting right after
-    ``prev_max``, params (without ``transport``) of a kind already checked (``known``), no
+    ``prev_max``, params (without ``transport``) already checked (``checked``), no
     ``native`` list; else ``None`` (``_rules`` then checks it and names the problem). It
     accepts nothing the full checks refuse, and builds the same ``Rule``."""
     if type(item) is not dict or not item.keys() <= _RULE_KEYS or not \
@@ -429,7 +424,8 @@ def _fast_rule(item: Any, prev_max: int | None, names: frozenset[str],
         params = dict(p)
     else:
         return None
-    if _fast_params_key(algo, params) not in known:
+    # A transport among the params is checked against the rule's by the full path.
+    if "transport" in params or _params_key(algo, params) not in checked:
         return None
     rtrans = item.get("transport")
     if rtrans is not None and (type(rtrans) is not str or rtrans not in TRANSPORT_NAMES):
@@ -461,29 +457,22 @@ def _fast_rule(item: Any, prev_max: int | None, names: frozenset[str],
 _new = object.__new__
 
 
-def _fast_params_key(algo: str, params: Mapping[str, Any]) -> Any:
-    """What ``_fast_rule`` looks up in the params already checked: equal only for equal
-    params of the same types (``1``, ``1.0`` and ``true`` are equal in Python, not to the
-    checks); lists and mappings as values use ``_params_key``'s stand-in. ``None`` (never
-    found) when ``params`` holds ``transport`` (checked against the rule's) or cannot be
-    keyed."""
-    if not params:
-        return algo
-    if "transport" in params:
-        return None
-    items = tuple(params.items())
-    try:
-        hash(items)
-    except TypeError:
-        return _params_key(algo, params)
-    # (Keys need no types: only text equals text, and the full checks saw text keys.)
-    return algo, items, tuple(map(type, params.values()))
-
-
 def _params_key(algo: str, params: Mapping[str, Any]) -> Any:
     """A hashable stand-in for (algorithm, params) whose equality implies the same check
     result: types are part of it (``1``, ``1.0`` and ``true`` are equal in Python but not
-    to the checks); ``None`` for params too nested to key (they are checked every time)."""
+    to the checks); ``None`` for params too nested to key (they are checked every time).
+    Both paths of ``_rules`` look params up by it."""
+    if not params:
+        return algo
+    flat = tuple(params.items())
+    try:
+        hash(flat)
+    except TypeError:
+        pass  # a list among the values: keyed element by element below
+    else:
+        # The common case, at C speed. (Keys need no types: only text equals text, and
+        # the full checks saw text keys.)
+        return algo, flat, tuple(map(type, params.values()))
     items = []
     for k, x in params.items():
         if type(x) is list:
