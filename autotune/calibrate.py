@@ -90,13 +90,24 @@ def calibrate(source: Any, hosts: Sequence[int] | None = None, memory_gbs: float
         conc = None
     off = ~np.eye(n, dtype=bool)
     mem = memory_gbs if memory_gbs is not None else measure_memory_gbs()
-    over = overhead_us if overhead_us is not None else 0.5 * _median(lat[off], 10.0)
     groups = _nested_tiers(bw, hosts)
     if groups is None:  # tiers that the model cannot number contiguously: host / network
         same = np.array([[hosts[i] == hosts[j] for j in range(n)] for i in range(n)]) & off
         per_host = max(1, n // max(1, len(set(hosts))))
         groups = [[r // per_host for r in range(n)], [0] * n] if (off & ~same).any() \
             else [[0] * n]
+    if overhead_us is not None:
+        over = overhead_us
+    else:
+        # The per-message software cost is half a tiny round trip on the *fastest* tier,
+        # where the wire adds least (``primitives.measure`` takes the same: half its smallest
+        # tiny step). The median over every pair was mostly pairs across hosts on a few
+        # hosts (8 of 12 at 2 x 2), so it charged the network's wire latency to software —
+        # and to each of the thousands of shared-memory hand-offs of MPICH's node-aware
+        # allreduce (``Model.shm_cells_phase``). The fastest tier is the innermost one with
+        # a pair of ranks in it: ranks sharing a host, else (one rank per host) sharing a
+        # rack, and so on out.
+        over = 0.5 * _median(lat[_innermost_pairs([list(hosts), *groups], off)], 10.0)
     levels = []
     outer = len(groups) - 1
     for t, tier in enumerate(groups):
@@ -120,6 +131,17 @@ def calibrate(source: Any, hosts: Sequence[int] | None = None, memory_gbs: float
     return Cluster(name=name, levels=tuple(levels), memory_gbs=mem, overhead_us=over,
                    description=f"calibrated from measured links ({len(levels)} tiers)",
                    native_model=native_model)
+
+
+def _innermost_pairs(groupings: Sequence[Sequence[int]], off: np.ndarray) -> np.ndarray:
+    """Mask of the rank pairs that share a group of the first grouping with any such pair
+    (every off-diagonal pair if none has)."""
+    n = off.shape[0]
+    for g in groupings:
+        mask = np.array([[g[i] == g[j] for j in range(n)] for i in range(n)]) & off
+        if mask.any():
+            return mask
+    return off
 
 
 def _nested_tiers(bw: np.ndarray, hosts: Sequence[int]) -> list[list[int]] | None:

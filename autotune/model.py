@@ -332,8 +332,9 @@ class Model:
         the host at the level's bandwidth, for the reduce the leader's reduction of what it
         received, and one hand-off between two processes through shared flags: the
         library's per-message software cost (``native_over``; a calibration from the probe
-        takes half the median small-message latency), not the level's wire latency, which
-        the cells in flight (``MPICH_SHM_CELLS``) overlap. Thousands of hand-offs are what
+        takes half the small-message round trip on the fastest tier, ``autotune.calibrate``),
+        not the level's wire latency, which the cells in flight (``MPICH_SHM_CELLS``)
+        overlap. Thousands of hand-offs are what
         make this slower than one large message (a 64 MiB bcast: 8192 cells)."""
         k = self.cluster.ranks_per_host
         if k <= 1 or self.cluster.host_levels != 1:  # no host level of its own to cross

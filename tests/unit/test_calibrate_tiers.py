@@ -85,3 +85,41 @@ def test_calibration_two_hosts_shared_uplink() -> None:
     rr = calibrate({"bandwidth_gbps": bw, "latency_us": lat}, hosts=[0, 1, 0, 1],
                    memory_gbs=10.0, overhead_us=10.0)
     assert [lv.size for lv in rr.levels] == [2, 2]
+
+
+def test_per_message_cost_is_taken_on_the_fastest_tier() -> None:
+    """Half a tiny round trip between ranks of one host, not the median over every pair:
+    on 2 hosts x 2 ranks 8 of the 12 pairs cross hosts, and their wire latency is not
+    software (it was charged to each of MPICH's shared-memory hand-offs)."""
+    host = [0, 0, 1, 1]
+    bw = _matrix(4, lambda i, j: 2.0 if host[i] == host[j] else 0.12)
+    lat = _matrix(4, lambda i, j: 22.0 if host[i] == host[j] else 64.0)
+    c = calibrate({"bandwidth_gbps": bw, "latency_us": lat}, hosts=host, memory_gbs=10.0)
+    assert c.overhead_us == pytest.approx(11.0)
+    assert [lv.latency_us for lv in c.levels] == pytest.approx([11.0, 53.0])
+    # Ranks of a host not numbered together: still the pairs that share a host.
+    rr = calibrate({"bandwidth_gbps": _matrix(4, lambda i, j: 2.0 if i % 2 == j % 2 else 0.12),
+                    "latency_us": _matrix(4, lambda i, j: 22.0 if i % 2 == j % 2 else 64.0)},
+                   hosts=[0, 1, 0, 1], memory_gbs=10.0)
+    assert rr.overhead_us == pytest.approx(11.0)
+    # One rank per host: the innermost tier with pairs, the racks.
+    rack = [0, 0, 1, 1]
+    racks = calibrate({"bandwidth_gbps": _matrix(4, lambda i, j: 0.12 if rack[i] == rack[j]
+                                                 else 0.06),
+                       "latency_us": _matrix(4, lambda i, j: 80.0 if rack[i] == rack[j]
+                                             else 200.0)},
+                      hosts=[0, 1, 2, 3], memory_gbs=10.0)
+    assert racks.overhead_us == pytest.approx(40.0)
+    # One host: every pair is on the fastest tier, as before.
+    one = calibrate({"bandwidth_gbps": _matrix(3, lambda i, j: 2.0),
+                     "latency_us": _matrix(3, lambda i, j: 6.0 + i + j)},
+                    hosts=[0, 0, 0], memory_gbs=10.0)
+    assert one.overhead_us == pytest.approx(0.5 * 8.0)
+    # And the model of MPICH's node-aware allreduce pays that per hand-off, not the network's.
+    slow = calibrate({"bandwidth_gbps": bw, "latency_us": lat}, hosts=host, memory_gbs=10.0,
+                     overhead_us=0.5 * 43.0, native_model="mpich")
+    fast = calibrate({"bandwidth_gbps": bw, "latency_us": lat}, hosts=host, memory_gbs=10.0,
+                     native_model="mpich")
+    size = [64 << 20]
+    assert float(Model(fast).time("native", {}, size)[0]) \
+        < float(Model(slow).time("native", {}, size)[0])
