@@ -75,7 +75,7 @@ MAX_DIMS = 24
 #: the 32767 every MPI allows).
 MAX_PIPELINE = 64
 #: Piece counts the tuner tries and the cost model ranks.
-PIPELINE_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
+PIPELINE_CHOICES: tuple[int, ...] = (1, 2, 4, 8, 16)
 
 
 def check_dims(value: Any, world_size: int) -> list[int] | str:

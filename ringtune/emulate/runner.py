@@ -133,9 +133,15 @@ def run_command(net: Network, mpiexec: str, command: Sequence[str], placement: s
     env = dict(os.environ)
     # `ringtune …` and `python …` as the command resolve to this installation's.
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    quiet = net.spec.progress_env(env)  # Hydra passes the environment on to every rank
+    env.update(quiet)
     if verbose:
         print(f"ringtune emulate: mpiexec -hosts {hosts} -n {net.spec.ranks} "
               f"{shlex.join(command)}", file=sys.stderr, flush=True)
+        if net.spec.throttled:
+            print("ringtune emulate: MPICH waits throttled (emulate.progress: throttle; "
+                  f"{'set: ' + ' '.join(sorted(quiet)) if quiet else 'already set'})",
+                  file=sys.stderr, flush=True)
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
     return proc, cmd
 

@@ -17,7 +17,15 @@ An optional ``emulate:`` mapping adds what only emulation needs:
 - ``mtu``: the links' MTU in bytes (default 1500, Ethernet's; 9000 for the jumbo frames of
   many cluster networks). It sets how much of a shaped link TCP's payload can use: tbf
   counts whole frames, and each 1448-byte segment at MTU 1500 carries 66 bytes of headers
-  (a ceiling of 95.6% of the rate), each 8948-byte one at 9000 the same 66 (99.3%).
+  (a ceiling of 95.6% of the rate), each 8948-byte one at 9000 the same 66 (99.3%);
+- ``progress``: how MPICH's ranks wait: ``spin`` (the default: MPICH's busy polling, as on
+  a cluster) or ``throttle`` (``collectives.exchange.QUIET_PROGRESS_ENV``: back off and
+  yield the core after empty polls; variables already set in the environment win). On a
+  real cluster each host has its own cores and a NIC that moves the bytes; here every
+  emulated host's ranks *and* the kernel's TCP, veth and tbf work share this machine's
+  cores, and ranks that spin take the core the kernel needs to move their data: with more
+  ranks than cores, ``throttle`` lets the links carry more (BENCHMARKS.md). It also makes a
+  blocking wait wake late, so the probe's small-message latency then measures the wake-up.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +50,8 @@ MIN_BURST = 128 << 10
 #: minimum datagram a host must accept, and the largest a veth carries).
 DEFAULT_MTU = 1500
 MTU_RANGE = (576, 65535)
-_EMULATE_KEYS = {"hostname_prefix", "oversubscribe", "burst_kb", "mtu"}
+_EMULATE_KEYS = {"hostname_prefix", "oversubscribe", "burst_kb", "mtu", "progress"}
+PROGRESS_MODES = ("spin", "throttle")
 HOSTNAME_PREFIX = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
 
 
@@ -69,6 +79,8 @@ class EmulatedCluster:
     oversubscribe: bool = False
     burst_bytes: int = 0
     mtu: int = DEFAULT_MTU
+    #: How MPICH's ranks wait (``PROGRESS_MODES``).
+    progress: str = "spin"
 
     @property
     def ranks(self) -> int:
@@ -90,6 +102,19 @@ class EmulatedCluster:
     def burst_for(self, rate_bps: int) -> int:
         """The token bucket's burst: the file's, else 1 ms at ``rate_bps``, >= ``MIN_BURST``."""
         return self.burst_bytes or max(MIN_BURST, rate_bps // 8 // 1000)
+
+    @property
+    def throttled(self) -> bool:
+        """Whether the ranks' MPICH waits are throttled (``progress``)."""
+        return self.progress == "throttle"
+
+    def progress_env(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The MPICH variables ``progress`` adds to ``environ`` (those it already has win)."""
+        if not self.throttled:
+            return {}
+        from collectives.exchange import QUIET_PROGRESS_ENV
+
+        return {k: v for k, v in QUIET_PROGRESS_ENV.items() if k not in environ}
 
     def describe(self) -> str:
         tiers = ", ".join(f"{t.name} {_rate(t.rate_bps)}" for t in self.tiers)
@@ -147,6 +172,10 @@ def load_emulated(path: str, cores: int | None = None) -> EmulatedCluster:
             or not MTU_RANGE[0] <= mtu <= MTU_RANGE[1]):
         raise ValueError(f"{p}.mtu: expected an integer {MTU_RANGE[0]}..{MTU_RANGE[1]} (bytes; "
                          f"1500 is Ethernet's, 9000 jumbo frames), got {mtu!r}")
+    progress = emu.get("progress", "spin")
+    if progress not in PROGRESS_MODES:
+        raise ValueError(f"{p}.progress: expected one of {', '.join(PROGRESS_MODES)} (how "
+                         f"MPICH's ranks wait), got {progress!r}")
 
     net = cluster.levels[cluster.host_levels:]
     if not net:
@@ -174,4 +203,4 @@ def load_emulated(path: str, cores: int | None = None) -> EmulatedCluster:
     return EmulatedCluster(
         name=cluster.name, path=path, hosts=cluster.hosts,
         ranks_per_host=cluster.ranks_per_host, tiers=tuple(tiers), hostname_prefix=prefix,
-        oversubscribe=over, burst_bytes=int(burst_kb * 1024), mtu=mtu)
+        oversubscribe=over, burst_bytes=int(burst_kb * 1024), mtu=mtu, progress=progress)

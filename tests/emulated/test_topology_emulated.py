@@ -98,3 +98,29 @@ def test_jumbo_frames_reach_every_host_and_carry_mpi(tmp_path: Path) -> None:
         "mtu 0 9000", "mtu 1 9000", "mtu 2 9000"], res.stdout
     got = last_json(emulate(str(path), worker("allreduce", str(1 << 20), "2"), timeout=120).stdout)
     assert got == {"ok": True}, got
+
+
+def test_progress_setting_reaches_every_rank(tmp_path: Path) -> None:
+    """``emulate: {progress: throttle}`` puts MPICH's quiet-progress variables in every
+    rank's environment, a variable the user set keeps the user's value, and ``spin`` adds
+    none."""
+    import yaml
+
+    from collectives.exchange import QUIET_PROGRESS_ENV
+
+    data = yaml.safe_load((CLUSTERS / "emulated-3x1.yaml").read_text())
+    show = ["sh", "-c", 'echo "env $PMI_RANK ${MPIR_CVAR_CH4_PROGRESS_THROTTLE:-unset} '
+            '${MPIR_CVAR_POLLS_BEFORE_YIELD:-unset}"']
+    env = {k: v for k, v in os.environ.items() if k not in QUIET_PROGRESS_ENV}
+    seen = {}
+    for mode in ("throttle", "spin"):
+        data.setdefault("emulate", {})["progress"] = mode
+        path = tmp_path / f"{mode}-3x1.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        res = emulate(str(path), show, timeout=60,
+                      env={**env, "MPIR_CVAR_POLLS_BEFORE_YIELD": "7"})
+        assert res.returncode == 0, res.stderr
+        seen[mode] = sorted(ln for ln in res.stdout.splitlines() if ln.startswith("env "))
+    throttle = QUIET_PROGRESS_ENV["MPIR_CVAR_CH4_PROGRESS_THROTTLE"]
+    assert seen["throttle"] == [f"env {r} {throttle} 7" for r in range(3)], seen
+    assert seen["spin"] == [f"env {r} unset 7" for r in range(3)], seen

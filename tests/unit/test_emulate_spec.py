@@ -67,6 +67,8 @@ def test_shipped_files_load_for_emulation_and_simulation() -> None:
      "emulate.mtu"),
     (BASE.format(ranks=4, per=2, hosts=2, bw=0.125, lpr=0.5) + "emulate: {mtu: true}\n",
      "emulate.mtu"),
+    (BASE.format(ranks=4, per=2, hosts=2, bw=0.125, lpr=0.5) + "emulate: {progress: poll}\n",
+     "emulate.progress: expected one of spin, throttle"),
     ("name: t\nranks: 2\nmemory_gbs: 10\nlevels:\n"
      "  - {name: shm, size: 2, bandwidth_gbs: 2, latency_us: 1}\n",
      "emulation needs a network level"),
@@ -87,6 +89,21 @@ def test_mtu_defaults_to_ethernet_and_takes_jumbo_frames(tmp_path: Path) -> None
     text = BASE.format(ranks=4, per=2, hosts=2, bw=0.125, lpr=0.5)
     assert load_emulated(_file(tmp_path, text), cores=2).mtu == 1500
     assert load_emulated(_file(tmp_path, text + "emulate: {mtu: 9000}\n"), cores=2).mtu == 9000
+
+
+def test_progress_spins_unless_throttle_is_asked_for(tmp_path: Path) -> None:
+    from collectives.exchange import QUIET_PROGRESS_ENV
+
+    text = BASE.format(ranks=4, per=2, hosts=2, bw=0.125, lpr=0.5)
+    default = load_emulated(_file(tmp_path, text), cores=2)
+    assert default.progress == "spin" and not default.throttled
+    assert default.progress_env({}) == {}
+    thr = load_emulated(_file(tmp_path, text + "emulate: {progress: throttle}\n"), cores=2)
+    assert thr.throttled and thr.progress_env({}) == QUIET_PROGRESS_ENV
+    # What the user set wins, variable by variable.
+    mine = {"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "0"}
+    assert "MPIR_CVAR_CH4_PROGRESS_THROTTLE" not in thr.progress_env(mine)
+    assert len(thr.progress_env(mine)) == len(QUIET_PROGRESS_ENV) - 1
 
 
 def test_oversubscribe_is_an_explicit_choice(tmp_path: Path) -> None:
