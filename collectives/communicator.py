@@ -378,7 +378,11 @@ class Communicator:
                     chosen.min_bytes, chosen.max_bytes, chosen.measured)
         try:
             ctx = self._context(backend, tname)
-            algo = cls(ctx, int(flat.size), dtype, "sum" if op == "avg" else op, checked)
+            # ``avg``: an algorithm that fuses it divides what it owns before its all-gather;
+            # for the others this communicator sums and divides the whole result.
+            fused = op == "avg" and cls.fuses_average
+            algo = cls(ctx, int(flat.size), dtype,
+                       "sum" if op == "avg" and not fused else op, checked)
         except (ValueError, TypeError):
             raise  # bad input found alike on every rank (AgreementError is a ValueError)
         except Exception as exc:
@@ -387,7 +391,7 @@ class Communicator:
             if self._raise_failures():
                 raise
             self._abort(exc, plan, flat)
-        prepared = _Prepared(plan, algo, op == "avg", self.size, backend)
+        prepared = _Prepared(plan, algo, op == "avg" and not fused, self.size, backend)
         self._plans[key] = prepared
         if log.isEnabledFor(logging.INFO) and self.rank == 0:
             log.info("allreduce %d B %s %s -> %s", nbytes, dtype, op, self.explain(nbytes)

@@ -75,7 +75,8 @@ class Algorithm(ABC):
 
     Subclasses set ``name`` and implement ``check_params`` and ``run``; they register with
     ``@register`` in ``collectives.algorithms``. ``op`` is one of sum/prod/min/max: the
-    communicator turns ``avg`` into ``sum`` and divides afterwards.
+    communicator turns ``avg`` into ``sum`` and divides afterwards — unless the class sets
+    ``fuses_average``; it is then handed ``avg`` and divides by the world size itself.
     """
 
     #: Registry key; equals the module name and the name in profiles and the CLI.
@@ -103,6 +104,10 @@ class Algorithm(ABC):
     #: point-to-point messages, and gives piece ``params["_piece"]`` tags no other piece
     #: uses on the same communicator.
     grid_pipelines: ClassVar[bool] = False
+    #: Whether it takes ``op="avg"`` and divides itself (each element once, on the rank
+    #: that owns it after the reduce-scatter, before the all-gather copies it: the bits of
+    #: the communicator's division of the whole result, with 1/n of the work).
+    fuses_average: ClassVar[bool] = False
 
     def __init__(
         self, ctx: Context, count: int, dtype: str, op: str, params: Mapping[str, Any]

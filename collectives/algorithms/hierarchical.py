@@ -75,7 +75,7 @@ MAX_DIMS = 24
 #: the 32767 every MPI allows).
 MAX_PIPELINE = 64
 #: Piece counts the tuner tries and the cost model ranks.
-PIPELINE_CHOICES: tuple[int, ...] = (1, 2, 4, 8, 16)
+PIPELINE_CHOICES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 
 
 def check_dims(value: Any, world_size: int) -> list[int] | str:
@@ -209,6 +209,7 @@ class Hierarchical(Algorithm):
     param_names = ("dims", "rings", "chunk_bytes", "inner", "pipeline")
     display_order = 3
     model_order = 3
+    fuses_average = True
 
     @classmethod
     def params_schema(cls) -> dict[str, Any]:
@@ -348,6 +349,9 @@ class Hierarchical(Algorithm):
 
     def __init__(self, ctx: Context, count: int, dtype: str, op: str,
                  params: Mapping[str, Any]) -> None:
+        # ``avg`` (``fuses_average``): the phases sum; ``run`` divides what this rank owns.
+        self.average = op == "avg"
+        op = "sum" if self.average else op
         super().__init__(ctx, count, dtype, op, params)
         n = ctx.size
         hosts = ctx.hosts if len(ctx.hosts) == n else tuple(range(n))
@@ -382,24 +386,41 @@ class Hierarchical(Algorithm):
     def run(self, buf: Any) -> None:
         if self.trivial:
             return
+        finish = self._divide_owned if self.average else None
         if not self.pipelined:
             for phases in self.pieces:
                 for phase in phases:
                     phase.reduce_scatter(buf)
+                if finish is not None:
+                    finish(phases[-1], buf)
                 for phase in reversed(phases):
                     phase.all_gather(buf)
             return
-        interleave([_piece_steps(phases, buf) for phases in self.pieces])
+        interleave([_piece_steps(phases, buf, finish) for phases in self.pieces])
+
+    def _divide_owned(self, last: Any, buf: Any) -> None:
+        """``avg``: divide the block this rank owns after the last reduce-scatter — the sum
+        over every rank — by the world size, before the all-gathers copy it out. The
+        owned blocks partition the buffer (every inner's all-gather copies each owner's
+        block to the others), so each element is divided once, on one rank, from the same
+        sum: the bits of dividing the whole result afterwards, with 1/n of the work, and
+        in a pipelined grid while other pieces are on the link."""
+        o, length = last.owned
+        if length:
+            self.ctx.backend.divide(buf[o:o + length], self.ctx.size)
 
 
-def _piece_steps(phases: Sequence[Any], buf: Any) -> Steps:
-    """One piece of a pipelined grid: its reduce-scatters, innermost first, then its
-    all-gathers back. After the first reduce-scatter (the intra-host one) the next piece
-    may start: piece k's outer phases then run while piece k+1 reduces inside the host."""
+def _piece_steps(phases: Sequence[Any], buf: Any, finish: Any = None) -> Steps:
+    """One piece of a pipelined grid: its reduce-scatters, innermost first, then
+    ``finish(last phase, buf)`` if given (``avg``), then its all-gathers back. After the
+    first reduce-scatter (the intra-host one) the next piece may start: piece k's outer
+    phases then run while piece k+1 reduces inside the host."""
     for j, phase in enumerate(phases):
         yield from phase.reduce_scatter_steps(buf)
         if j == 0:
             yield None
+    if finish is not None:
+        finish(phases[-1], buf)
     for phase in reversed(phases):
         yield from phase.all_gather_steps(buf)
 

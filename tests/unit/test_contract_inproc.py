@@ -203,3 +203,56 @@ def test_a_new_algorithm_is_run_by_the_contract(monkeypatch: pytest.MonkeyPatch)
                                              r"ranks: 1 wrong"):
         _sweep(5, "world", lambda c: contract.run_configs(c, [("toy_broken", {})], SETUP,
                                                           density="ops"))
+
+
+@pytest.mark.parametrize("n", [4, 6])
+def test_hierarchical_average_is_the_sum_divided_bit_for_bit(
+        n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hierarchical`` divides for ``avg`` itself (``fuses_average``: each rank its owned
+    block, before the all-gather): the result is the bits of the sum divided afterwards —
+    on inputs whose sums round — pipelined or not, inner multiring, rhd or native, odd sizes
+    and sizes smaller than the pieces; and no rank divides the whole buffer."""
+    import numpy as np
+
+    from collectives.backend import NumpyBackend
+
+    divided: list[int] = []
+    plain = NumpyBackend.divide
+
+    def counting(self: Any, buf: Any, k: int) -> None:
+        divided.append(int(buf.size))
+        plain(self, buf, k)
+
+    monkeypatch.setattr(NumpyBackend, "divide", counting)
+    grids = [[2, n // 2], [n // 2, 2]]
+    params = [{"dims": g, "inner": inner, "pipeline": p, "rings": 2, "chunk_bytes": 16}
+              for g in grids for inner, p in ((["multiring", "rhd"], 1),
+                                              (["rhd", "multiring"], 4),
+                                              (["native", "multiring"], 1),
+                                              (["multiring", "multiring"], 64))]
+    counts = (1, n - 1, 1001)
+
+    def body(c: Any) -> list[str]:
+        bad = []
+        for dtype in ("float32", "float16", "int32"):
+            for count in counts:
+                rng = np.random.default_rng(1000 * c.rank + count)
+                x = (rng.standard_normal(count) * 1000).astype(dtype)
+                for ps in params:
+                    expect = x.copy()
+                    c.allreduce(expect, op="sum", algorithm="hierarchical",
+                                transport=SETUP.transport, **ps)
+                    if dtype == "int32":  # toward zero, as C and NCCL
+                        expect = (np.sign(expect) * (np.abs(expect) // c.size)).astype(dtype)
+                    else:
+                        expect = np.divide(expect, expect.dtype.type(c.size))
+                    got = x.copy()
+                    c.allreduce(got, op="avg", algorithm="hierarchical",
+                                transport=SETUP.transport, **ps)
+                    if got.tobytes() != expect.tobytes():
+                        bad.append(f"rank {c.rank} {dtype} count {count} {ps}: "
+                                   f"{int(np.sum(got != expect))} elements differ")
+        return bad
+
+    _sweep(n, "world", body)
+    assert divided and max(divided) < max(counts), max(divided)
