@@ -92,7 +92,7 @@ def calibrate(source: Any, hosts: Sequence[int] | None = None, memory_gbs: float
     mem = memory_gbs if memory_gbs is not None else measure_memory_gbs()
     groups = _nested_tiers(bw, hosts)
     if groups is None:  # tiers that the model cannot number contiguously: host / network
-        same = np.array([[hosts[i] == hosts[j] for j in range(n)] for i in range(n)]) & off
+        same = _together(hosts) & off
         per_host = max(1, n // max(1, len(set(hosts))))
         groups = [[r // per_host for r in range(n)], [0] * n] if (off & ~same).any() \
             else [[0] * n]
@@ -107,14 +107,13 @@ def calibrate(source: Any, hosts: Sequence[int] | None = None, memory_gbs: float
         # allreduce (``Model.shm_cells_phase``). The fastest tier is the innermost one with
         # a pair of ranks in it: ranks sharing a host, else (one rank per host) sharing a
         # rack, and so on out.
-        over = 0.5 * _median(lat[_innermost_pairs([list(hosts), *groups], off)], 10.0)
+        over = 0.5 * _median(lat[_innermost_pairs([hosts, *groups], off)], 10.0)
     levels = []
     outer = len(groups) - 1
     for t, tier in enumerate(groups):
         inner = groups[t - 1] if t else list(range(n))
         # Pairs whose nearest common group is this tier's.
-        mask = np.array([[tier[i] == tier[j] and inner[i] != inner[j] for j in range(n)]
-                         for i in range(n)]) & off
+        mask = _together(tier) & ~_together(inner) & off
         units = len({inner[r] for r in range(n) if tier[r] == tier[0]}) if t else \
             sum(1 for r in range(n) if tier[r] == tier[0])
         share = 1.0
@@ -133,12 +132,17 @@ def calibrate(source: Any, hosts: Sequence[int] | None = None, memory_gbs: float
                    native_model=native_model)
 
 
-def _innermost_pairs(groupings: Sequence[Sequence[int]], off: np.ndarray) -> np.ndarray:
-    """Mask of the rank pairs that share a group of the first grouping with any such pair
-    (every off-diagonal pair if none has)."""
-    n = off.shape[0]
+def _together(groups: Sequence[Any]) -> np.ndarray:
+    """The n x n mask of rank pairs in one group (``groups``: a group label per rank)."""
+    g = np.asarray(list(groups))
+    return g[:, None] == g[None, :]
+
+
+def _innermost_pairs(groupings: Sequence[Sequence[Any]], off: np.ndarray) -> np.ndarray:
+    """The pairs of distinct ranks (``off``) that share a group, in the first of
+    ``groupings`` where any do; every pair of ``off`` where none do."""
     for g in groupings:
-        mask = np.array([[g[i] == g[j] for j in range(n)] for i in range(n)]) & off
+        mask = _together(g) & off
         if mask.any():
             return mask
     return off

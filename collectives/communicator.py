@@ -376,11 +376,11 @@ class Communicator:
         tname = chosen.transport or default_transport(backend)
         plan = Plan(chosen.algorithm, checked, tname, chosen.source, chosen.rule,
                     chosen.min_bytes, chosen.max_bytes, chosen.measured)
+        # ``avg``: an algorithm that fuses it divides what it owns before its all-gather;
+        # for the others this communicator sums and divides the whole result.
+        fused = op == "avg" and cls.fuses_average
         try:
             ctx = self._context(backend, tname)
-            # ``avg``: an algorithm that fuses it divides what it owns before its all-gather;
-            # for the others this communicator sums and divides the whole result.
-            fused = op == "avg" and cls.fuses_average
             algo = cls(ctx, int(flat.size), dtype,
                        "sum" if op == "avg" and not fused else op, checked)
         except (ValueError, TypeError):

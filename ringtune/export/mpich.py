@@ -44,7 +44,6 @@ from . import DEFAULT, Segment
 
 ENV_FILE = "MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE"
 CH4_ENV_FILE = "MPIR_CVAR_CH4_COLL_SELECTION_TUNING_JSON_FILE"
-COMPOSITION_ENV = "MPIR_CVAR_ALLREDUCE_COMPOSITION"
 #: ``avg_msg_size<=N`` is read with ``atoi``: larger bounds would overflow.
 _INT_MAX = 2**31 - 1
 
@@ -206,7 +205,7 @@ def render_ch4(shapes: Sequence[tuple[Profile, Sequence[Segment]]]
                ) -> tuple[str, list[str]] | None:
     """ch4's selection file (JSON text and notes) for the rules' compositions, or None
     where every rule leaves the composition to the library."""
-    from collectives.mpit import COMPOSITIONS
+    from collectives.mpit import COMPOSITION_CVAR, COMPOSITIONS
 
     if all(s.composition == DEFAULT for _, segs in shapes for s in segs):
         return None
@@ -236,7 +235,7 @@ def render_ch4(shapes: Sequence[tuple[Profile, Sequence[Segment]]]
              + ("" if s.composition in known else
                 " is not expressible in this MPICH's ch4 selection file (its parser has "
                 f"only {', '.join(sorted(known))}): the library's own composition there; "
-                f"set {COMPOSITION_ENV}={COMPOSITIONS[s.composition]} for the whole job "
+                f"set {COMPOSITION_CVAR}={COMPOSITIONS[s.composition]} for the whole job "
                 "instead")
              for _, segs in shapes for s in segs if s.composition != DEFAULT]
     return json.dumps(tree, indent=1) + "\n", notes

@@ -39,6 +39,15 @@ def _configs(hosts: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.skipif(not MPICH, reason=mpit.unavailable_reason() or "MPICH")
+def test_the_parameter_names_the_compositions_mpit_sets() -> None:
+    """``native``'s composition names are ``mpit``'s table (spelled twice to keep ``mpit``
+    out of ``import collectives``)."""
+    from collectives.algorithms import native
+
+    assert native.COMPOSITIONS == tuple(mpit.COMPOSITIONS)
+    assert set(native.SEARCHED_COMPOSITIONS) == set(native.COMPOSITIONS) - {"gamma"}
+
+
 def test_searched_only_across_hosts_on_mpich() -> None:
     one, two = _configs(1), _configs(2)
     assert not any("composition" in p for p in one)
