@@ -282,8 +282,13 @@ def best_native(c: Choice) -> list[dict[str, Any]]:
         return []
     best, t = min(natives, key=lambda ct: ct[1])
     n = c.native_busbw_gbps * c.native_time_us  # busbw · time is constant for a size
-    return [{"bytes": c.nbytes, "impl": str(best.params.get("impl", "auto")),
-             "busbw_gbps": round(n / t, 4) if n else 0.0, "time_us": round(t, 2)}]
+    entry: dict[str, Any] = {"bytes": c.nbytes, "impl": str(best.params.get("impl", "auto"))}
+    composition = str(best.params.get("composition", "auto"))
+    if composition != "auto":
+        # Part of what was measured: `ringtune export` writes it to MPICH's ch4 file.
+        entry["composition"] = composition
+    entry.update(busbw_gbps=round(n / t, 4) if n else 0.0, time_us=round(t, 2))
+    return [entry]
 
 
 def _most_common(names: Sequence[str], preference: Sequence[str]) -> str:

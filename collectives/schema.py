@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from .algorithms import get_algorithm
+from .algorithms.native import COMPOSITIONS
 from .algorithms.registry import user_algorithm_names
 from .profile import (
     BACKENDS,
@@ -79,6 +80,7 @@ def _rule(algorithms: list[str]) -> dict[str, Any]:
                     "properties": {
                         "bytes": {"type": "integer", "minimum": 0},
                         "impl": {"type": "string", "minLength": 1},
+                        "composition": {"type": "string", "enum": list(COMPOSITIONS)},
                         "busbw_gbps": {"type": "number", "minimum": 0},
                         "time_us": {"type": "number", "minimum": 0},
                     },
