@@ -126,11 +126,13 @@ def bench_step(args: argparse.Namespace, ring: Communicator) -> None:
     data = digits()
     models = {}
     for c in _channel_counts(args):
-        ddp, _ = wrap(build_model(args), "gloo", ring, args.bucket_cap_mb)
+        ddp, _ = wrap(build_model(args), "gloo", ring, args.bucket_cap_mb,
+                      bucket_view=args.bucket_view)
         state = HookState(ring, channels=c)
         ddp.register_comm_hook(state, ddp_hook)
         models[_hook_name(c)] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), state)
-    ddp, _ = wrap(build_model(args), "gloo", ring, args.bucket_cap_mb)
+    ddp, _ = wrap(build_model(args), "gloo", ring, args.bucket_cap_mb,
+                  bucket_view=args.bucket_view)
     models["gloo"] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), None)
     for ddp, opt, _ in models.values():  # warm-up: bucket rebuild, plans, gloo pairs
         _steps(ddp, opt, 0, 3, args.batch, data)
@@ -478,6 +480,8 @@ def main() -> None:
     p.add_argument("--burst", type=int, default=16, help="overhead: buckets per burst")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--bucket-view", action="store_true",
+                   help="step: DDP's gradient_as_bucket_view=True for every model (gloo's too)")
     p.add_argument("--profile", default=None)
     p.add_argument("--variants", default="",
                    help="overlap: 'SLICE/SLACK,...' (µs): measure 'together' once per "

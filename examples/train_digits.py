@@ -96,11 +96,14 @@ def shard(step: int, n: int, batch: int, rank: int, world: int,
 
 
 def wrap(model: nn.Module, hook: str, comm: Any = None, bucket_cap_mb: float = 25.0,
-         staleness: int = 0, average_every: int = 1) -> tuple[nn.Module, Any]:
-    """DDP around ``model``; with ``hook='ringtune'`` the ringtune hook averages buckets."""
+         staleness: int = 0, average_every: int = 1,
+         bucket_view: bool = False) -> tuple[nn.Module, Any]:
+    """DDP around ``model``; with ``hook='ringtune'`` the ringtune hook averages buckets.
+    ``bucket_view``: DDP's ``gradient_as_bucket_view`` (gradients live in the buckets: no
+    copy into a bucket before its exchange nor back out after it)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=bucket_view)
     state = None
     if hook == "ringtune":
         from collectives.torch import HookState, ddp_hook

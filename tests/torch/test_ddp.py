@@ -68,6 +68,16 @@ def test_hook_matches_ddp_allreduce_each_step(comm, bucket_cap_mb) -> None:
     agree(bad)
 
 
+@pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.004])
+def test_hook_matches_ddp_with_gradients_as_bucket_views(comm, bucket_cap_mb) -> None:
+    # gradient_as_bucket_view=True: the gradients are views into the buckets the hook
+    # averages in place, so nothing copies them back; the result must still be DDP's.
+    ours, ref = make_model(32, 2), make_model(32, 2)
+    ddp_ours, _ = wrap(ours, "ringtune", comm, bucket_cap_mb, bucket_view=True)
+    ddp_ref, _ = wrap(ref, "gloo", None, bucket_cap_mb, bucket_view=True)
+    agree(_train_side_by_side(ddp_ours, ours, ddp_ref, ref, steps=12))
+
+
 class _Bucket:
     """What DDP hands a hook (``GradBucket``'s methods the hook calls). DDP itself keeps
     ranks' buckets alike (it broadcasts rank 0's bucket assignment), so a mismatch comes
