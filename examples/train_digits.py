@@ -134,7 +134,7 @@ def train(args: argparse.Namespace, comm: Any = None) -> dict[str, Any]:
     if args.hook == "ringtune" and ring is None:
         ring = Communicator(world.Dup(), profile=args.profile)
     ddp, state = wrap(model, args.hook, ring, args.bucket_cap_mb, args.staleness,
-                      args.average_every)
+                      args.average_every, getattr(args, "bucket_view", False))
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     lossf = nn.CrossEntropyLoss()
     losses, times = [], []
@@ -213,6 +213,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--bucket-view", action="store_true",
+                   help="DDP's gradient_as_bucket_view=True (no gradient copies into and "
+                        "out of the buckets)")
     p.add_argument("--staleness", type=int, default=0, choices=(0, 1))
     p.add_argument("--average-every", type=int, default=1, metavar="H")
     p.add_argument("--profile", default=None, help="ringtune profile (default: "
