@@ -116,7 +116,8 @@ def _header(args: argparse.Namespace, what: str) -> None:
         print(f"# {what}: {SIZE} ranks on {hosts} host(s), {name} "
               f"({params} parameters), batch "
               f"{args.batch}/rank, torch {torch.__version__}, {torch.get_num_threads()} "
-              f"thread(s)/rank, {args.rounds} rounds x {args.steps} steps", flush=True)
+              f"thread(s)/rank, {args.rounds} rounds x {args.steps} steps"
+              + (", gradients as bucket views" if args.bucket_view else ""), flush=True)
 
 
 def bench_step(args: argparse.Namespace, ring: Communicator) -> None:
@@ -196,14 +197,16 @@ def bench_overlap(args: argparse.Namespace, ring: Communicator) -> None:
 
     _header(args, f"overlap of exchange with backward, buckets of {args.bucket_cap_mb} MB")
     data = digits()
-    compute = DDP(build_model(args), bucket_cap_mb=args.bucket_cap_mb)
+    compute = DDP(build_model(args), bucket_cap_mb=args.bucket_cap_mb,
+                  gradient_as_bucket_view=args.bucket_view)
     compute.register_comm_hook(None, _noop_hook)
     opt_c = torch.optim.SGD(compute.parameters(), lr=0.01)
     _steps(compute, opt_c, 0, 3, args.batch, data)
     # One DDP model per channel count (HookState(channels=c)), each with its own optimizer.
     hooked: dict[int, tuple[nn.Module, Any, HookState]] = {}
     for c in _channel_counts(args):
-        ddp = DDP(build_model(args), bucket_cap_mb=args.bucket_cap_mb)
+        ddp = DDP(build_model(args), bucket_cap_mb=args.bucket_cap_mb,
+                  gradient_as_bucket_view=args.bucket_view)
         st = HookState(ring, channels=c)
         ddp.register_comm_hook(st, ddp_hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
@@ -481,7 +484,8 @@ def main() -> None:
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--bucket-view", action="store_true",
-                   help="step: DDP's gradient_as_bucket_view=True for every model (gloo's too)")
+                   help="step, overlap: DDP's gradient_as_bucket_view=True for every model "
+                        "(gloo's too)")
     p.add_argument("--profile", default=None)
     p.add_argument("--variants", default="",
                    help="overlap: 'SLICE/SLACK,...' (µs): measure 'together' once per "
