@@ -27,7 +27,10 @@ bytes (float32 sum) the same way: the profile's choice, and DDL's grid over the 
 measured beside them.
 
 Each figure is the median of ``--repeats`` timings, each from a barrier to the slowest
-rank's end, shown as milliseconds and % of the bound. The MTU's headers alone leave TCP
+rank's end, shown as milliseconds and % of the bound, with the CPU time (user + system,
+``getrusage``) of the rank that used the most, per transfer: on emulated hosts the system
+part includes the kernel's work for the veth pairs, the switch namespace and tbf, which a
+real host's NIC would do. The MTU's headers alone leave TCP
 (MTU - 52) / (MTU + 14) of the shaped rate (95.6% at 1500, 99.3% at 9000; tbf counts whole
 frames), printed as the ceiling.
 """
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -44,6 +48,21 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+Row = tuple[int, str, str, float, float, float]
+
+
+def cpu_s() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process so far (every thread: the TCP rows'
+    receiving thread too)."""
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime, use.ru_stime
+
+
+def busiest(world: Any, user: float, system: float) -> tuple[float, float]:
+    """The (user, system) CPU of the rank that used the most."""
+    return max(world.allgather((user, system)), key=sum)
+
 
 #: TCP port of pair k: ``PORT_BASE + k`` on the first host's rank of the pair.
 PORT_BASE = 23100
@@ -120,6 +139,10 @@ class TcpPair:
         self.sock.close()
 
 
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes % (1 << 20) == 0 else f"{nbytes / 1e6:g} MB"
+
+
 def mpi_move(world: Any, peer: int, a: Any, b: Any, send: bool, recv: bool) -> None:
     """One pair's move over MPI: ``Sendrecv`` both ways, else ``Send`` or ``Recv``."""
     if send and recv:
@@ -131,7 +154,7 @@ def mpi_move(world: Any, peer: int, a: Any, b: Any, send: bool, recv: bool) -> N
 
 
 def time_allreduces(world: Any, sizes: list[int], per_host: int, profile: str | None,
-                    pipeline: str, repeats: int) -> list[tuple[int, str, str, float]]:
+                    pipeline: str, repeats: int) -> list[Row]:
     """Rows for allreduces of each size (float32 sum): the profile's choice and the grid
     in each ``pipeline`` piece count, interleaved within a repeat."""
     import numpy as np
@@ -146,23 +169,30 @@ def time_allreduces(world: Any, sizes: list[int], per_host: int, profile: str | 
         runs.append(("allreduce, the profile's choice", None))
     runs += [(f"allreduce, grid pipeline={p}", {**grid, "pipeline": int(p)})
              for p in pipeline.split(",") if p]
-    rows = []
+    rows: list[Row] = []
     for size in sizes:
         buf = np.ones(size // 4, np.float32)
         times: dict[str, list[float]] = {label: [] for label, _ in runs}
+        used = {label: [0.0, 0.0] for label, _ in runs}
         for i in range(repeats + 1):
             for label, params in runs:
                 world.Barrier()
+                c0 = cpu_s()
                 t0 = time.perf_counter()
                 if params is None:
                     comm.allreduce(buf)
                 else:
                     comm.allreduce(buf, "sum", "hierarchical", **params)
-                dt = world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+                t1 = time.perf_counter()
+                c1 = cpu_s()
+                dt = world.allreduce(t1 - t0, op=MPI.MAX)
                 if i:  # the first builds the plans
                     times[label].append(dt)
-        rows += [(size, "both ways", label, statistics.median(times[label]))
-                 for label, _ in runs]
+                    used[label][0] += c1[0] - c0[0]
+                    used[label][1] += c1[1] - c0[1]
+        for label, _ in runs:
+            u, sy = busiest(world, used[label][0] / repeats, used[label][1] / repeats)
+            rows.append((size, "both ways", label, statistics.median(times[label]), u, sy))
     comm.close()
     return rows
 
@@ -208,7 +238,7 @@ def main() -> int:
         raise SystemExit(f"link_ceiling: --transports {bad[0]!r}: use tcp and/or mpi")
 
     pair = TcpPair(world, rank, peer, k, first) if "tcp" in transports else None
-    rows = []
+    rows: list[Row] = []
     for size in sizes:
         each = size // per_host
         data = b"\x01" * each
@@ -219,19 +249,24 @@ def main() -> int:
             send = first or way == "both ways"
             recv = (not first) or way == "both ways"
             for transport in transports:
-                times = []
+                times, user, system = [], 0.0, 0.0
                 for i in range(args.repeats + 1):  # the first warms the connection up
                     world.Barrier()
+                    c0 = cpu_s()
                     t0 = time.perf_counter()
                     if transport == "tcp":
                         assert pair is not None
                         pair.move(data, buf, send, recv)
                     else:
                         mpi_move(world, peer, a, b, send, recv)
-                    dt = world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+                    t1 = time.perf_counter()
+                    c1 = cpu_s()
+                    dt = world.allreduce(t1 - t0, op=MPI.MAX)
                     if i:
                         times.append(dt)
-                rows.append((size, way, transport, statistics.median(times)))
+                        user, system = user + c1[0] - c0[0], system + c1[1] - c0[1]
+                u, sy = busiest(world, user / args.repeats, system / args.repeats)
+                rows.append((size, way, transport, statistics.median(times), u, sy))
     if pair is not None:
         pair.close()
     rows += time_allreduces(world, sizes, per_host, args.profile, args.pipeline,
@@ -243,12 +278,13 @@ def main() -> int:
               f"MTU {mtu}: TCP's headers leave {100 * share:.1f}% of the rate; medians of "
               f"{args.repeats}")
         print()
-        print("| S per host each way | bound ms | direction | what moves it | ms | % of bound |")
-        print("|---|---:|---|---|---:|---:|")
-        for size, way, transport, t in sorted(rows, key=lambda row: row[0]):
+        print("| S per host each way | bound ms | direction | what moves it | ms | % of bound "
+              "| CPU of the busiest rank, ms: user + system |")
+        print("|---|---:|---|---|---:|---:|---:|")
+        for size, way, transport, t, u, sy in sorted(rows, key=lambda row: row[0]):
             bound = size * 8 / rate_bps
-            print(f"| {size >> 20} MiB | {bound * 1e3:.1f} | {way} | {transport} | "
-                  f"{t * 1e3:.1f} | {100 * bound / t:.0f}% |")
+            print(f"| {_size(size)} | {bound * 1e3:.1f} | {way} | {transport} | "
+                  f"{t * 1e3:.1f} | {100 * bound / t:.0f}% | {u * 1e3:.1f} + {sy * 1e3:.1f} |")
     return 0
 
 
