@@ -378,11 +378,10 @@ class Communicator:
                     chosen.min_bytes, chosen.max_bytes, chosen.measured)
         # ``avg``: an algorithm that fuses it divides what it owns before its all-gather;
         # for the others this communicator sums and divides the whole result.
-        fused = op == "avg" and cls.fuses_average
+        divide_after = op == "avg" and not cls.fuses_average
         try:
             ctx = self._context(backend, tname)
-            algo = cls(ctx, int(flat.size), dtype,
-                       "sum" if op == "avg" and not fused else op, checked)
+            algo = cls(ctx, int(flat.size), dtype, "sum" if divide_after else op, checked)
         except (ValueError, TypeError):
             raise  # bad input found alike on every rank (AgreementError is a ValueError)
         except Exception as exc:
@@ -391,7 +390,7 @@ class Communicator:
             if self._raise_failures():
                 raise
             self._abort(exc, plan, flat)
-        prepared = _Prepared(plan, algo, op == "avg" and not fused, self.size, backend)
+        prepared = _Prepared(plan, algo, divide_after, self.size, backend)
         self._plans[key] = prepared
         if log.isEnabledFor(logging.INFO) and self.rank == 0:
             log.info("allreduce %d B %s %s -> %s", nbytes, dtype, op, self.explain(nbytes)

@@ -134,7 +134,7 @@ def train(args: argparse.Namespace, comm: Any = None) -> dict[str, Any]:
     if args.hook == "ringtune" and ring is None:
         ring = Communicator(world.Dup(), profile=args.profile)
     ddp, state = wrap(model, args.hook, ring, args.bucket_cap_mb, args.staleness,
-                      args.average_every, getattr(args, "bucket_view", False))
+                      args.average_every, args.bucket_view)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     lossf = nn.CrossEntropyLoss()
     losses, times = [], []
