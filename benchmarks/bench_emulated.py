@@ -87,7 +87,7 @@ def main() -> int:
     from autotune.model import Model
     from collectives import Communicator
     from collectives.bench import time_allreduce
-    from ringtune.emulate.spec import load_emulated
+    from ringtune.emulate.spec import load_emulated, tcp_payload_share
 
     world = MPI.COMM_WORLD
     rank, n = world.Get_rank(), world.Get_size()
@@ -197,11 +197,9 @@ def main() -> int:
             bound = max(bound, 2 * (racks - 1) / racks * size / (spec.tiers[1].rate_bps / 8))
         med = {lbl: statistics.median(times[(size, lbl)]) * 1e-6 for lbl, _, _ in cfgs}
         base = med[ref]
-        # What TCP can carry of the nominal rate: tbf counts every MTU-sized segment's
-        # headers (14 Ethernet + 20 IP + 32 TCP bytes per MTU - 52 of payload: 1448 at MTU
-        # 1500, 8948 at 9000); one TCP flow measured 119.5 MB/s through a 1 Gbit/s uplink
-        # here at 1500, 1448/1514 of it.
-        ceiling = bound * (spec.mtu + 14) / (spec.mtu - 52)
+        # What TCP can carry of the nominal rate (tbf counts every frame's headers); one
+        # TCP flow measured 119.5 MB/s through a 1 Gbit/s uplink here at 1500, 1448/1514.
+        ceiling = bound / tcp_payload_share(spec.mtu)
         row = f"| {size >> 10} KiB | {bound * 1e3:.1f} | {ceiling * 1e3:.1f} |"
         for lbl, algo, _ in cfgs:
             same = " = native" if algo is None and size in same_as_native else ""

@@ -45,9 +45,12 @@ import statistics
 import sys
 import threading
 import time
+from functools import partial
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ringtune.emulate.spec import tcp_payload_share  # noqa: E402
 
 Row = tuple[int, str, str, float, float, float]
 
@@ -59,48 +62,75 @@ def cpu_s() -> tuple[float, float]:
     return use.ru_utime, use.ru_stime
 
 
-def busiest(world: Any, user: float, system: float) -> tuple[float, float]:
-    """The (user, system) CPU of the rank that used the most."""
-    return max(world.allgather((user, system)), key=sum)
+class Samples:
+    """Timed calls of one row: each from a barrier to the slowest rank's end, and this
+    rank's CPU time during it."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.user = self.system = 0.0
+
+    def take(self, world: Any, fn: Any, keep: bool = True) -> None:
+        """Time ``fn()`` once (collective); ``keep=False``: a warm-up, not recorded."""
+        from mpi4py import MPI
+
+        world.Barrier()
+        c0 = cpu_s()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        c1 = cpu_s()
+        dt = world.allreduce(t1 - t0, op=MPI.MAX)
+        if keep:
+            self.times.append(dt)
+            self.user += c1[0] - c0[0]
+            self.system += c1[1] - c0[1]
+
+    def row(self, world: Any, size: int, way: str, what: str) -> Row:
+        """The row (collective): the median time and the per-call CPU of the rank that
+        used the most."""
+        n = len(self.times)
+        user, system = max(world.allgather((self.user / n, self.system / n)), key=sum)
+        return (size, way, what, statistics.median(self.times), user, system)
 
 
 #: TCP port of pair k: ``PORT_BASE + k`` on the first host's rank of the pair.
 PORT_BASE = 23100
 
 
-def pairs_of(hosts_of: list[str]) -> tuple[list[str], int]:
-    """(the two host names in rank order, ranks per host), or SystemExit naming what is
-    wrong with the layout."""
-    names = list(dict.fromkeys(hosts_of))
-    if len(names) != 2:
-        raise SystemExit(f"link_ceiling: needs ranks on exactly 2 hosts, got {len(names)} "
-                         f"({', '.join(names)}); use a 2-host cluster file")
-    on = [[r for r, h in enumerate(hosts_of) if h == name] for name in names]
-    if len(on[0]) != len(on[1]):
-        raise SystemExit(f"link_ceiling: the hosts have {len(on[0])} and {len(on[1])} ranks; "
-                         "needs the same number on each")
-    return names, len(on[0])
+class Layout:
+    """The two hosts and this rank's pair: ``names`` (the hosts in rank order),
+    ``per_host`` (ranks on each), ``peer`` (the rank of the other host with this rank's
+    index there), ``k`` (that index), ``first`` (whether this rank is on the first host).
+    SystemExit naming what is wrong where the ranks are not on 2 hosts, equally many each."""
 
-
-def peer_of(rank: int, hosts_of: list[str]) -> tuple[int, int, bool]:
-    """(peer rank, pair index, whether this rank is on the first host) for ``rank``."""
-    names = list(dict.fromkeys(hosts_of))
-    on = [[r for r, h in enumerate(hosts_of) if h == name] for name in names]
-    first = hosts_of[rank] == names[0]
-    mine, other = (on[0], on[1]) if first else (on[1], on[0])
-    k = mine.index(rank)
-    return other[k], k, first
+    def __init__(self, rank: int, hosts_of: list[str]) -> None:
+        self.names = list(dict.fromkeys(hosts_of))
+        if len(self.names) != 2:
+            raise SystemExit(f"link_ceiling: needs ranks on exactly 2 hosts, got "
+                             f"{len(self.names)} ({', '.join(self.names)}); use a 2-host "
+                             "cluster file")
+        on = [[r for r, h in enumerate(hosts_of) if h == name] for name in self.names]
+        if len(on[0]) != len(on[1]):
+            raise SystemExit(f"link_ceiling: the hosts have {len(on[0])} and {len(on[1])} "
+                             "ranks; needs the same number on each")
+        self.per_host = len(on[0])
+        self.first = hosts_of[rank] == self.names[0]
+        mine, other = (on[0], on[1]) if self.first else (on[1], on[0])
+        self.k = mine.index(rank)
+        self.peer = other[self.k]
 
 
 class TcpPair:
     """One TCP connection between a rank and its peer on the other host."""
 
-    def __init__(self, world: Any, rank: int, peer: int, k: int, first: bool) -> None:
+    def __init__(self, world: Any, rank: int, where: Layout) -> None:
         from mpi4py import MPI
 
         addr = socket.gethostbyname(MPI.Get_processor_name())
         addrs = world.allgather(addr)
-        if first:
+        peer, k = where.peer, where.k
+        if where.first:
             ls = socket.socket()
             ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             ls.bind((addrs[rank], PORT_BASE + k))
@@ -158,7 +188,6 @@ def time_allreduces(world: Any, sizes: list[int], per_host: int, profile: str | 
     """Rows for allreduces of each size (float32 sum): the profile's choice and the grid
     in each ``pipeline`` piece count, interleaved within a repeat."""
     import numpy as np
-    from mpi4py import MPI
 
     from collectives import Communicator
 
@@ -172,27 +201,14 @@ def time_allreduces(world: Any, sizes: list[int], per_host: int, profile: str | 
     rows: list[Row] = []
     for size in sizes:
         buf = np.ones(size // 4, np.float32)
-        times: dict[str, list[float]] = {label: [] for label, _ in runs}
-        used = {label: [0.0, 0.0] for label, _ in runs}
-        for i in range(repeats + 1):
-            for label, params in runs:
-                world.Barrier()
-                c0 = cpu_s()
-                t0 = time.perf_counter()
-                if params is None:
-                    comm.allreduce(buf)
-                else:
-                    comm.allreduce(buf, "sum", "hierarchical", **params)
-                t1 = time.perf_counter()
-                c1 = cpu_s()
-                dt = world.allreduce(t1 - t0, op=MPI.MAX)
-                if i:  # the first builds the plans
-                    times[label].append(dt)
-                    used[label][0] += c1[0] - c0[0]
-                    used[label][1] += c1[1] - c0[1]
-        for label, _ in runs:
-            u, sy = busiest(world, used[label][0] / repeats, used[label][1] / repeats)
-            rows.append((size, "both ways", label, statistics.median(times[label]), u, sy))
+        calls = {label: partial(comm.allreduce, buf) if params is None else
+                 partial(comm.allreduce, buf, "sum", "hierarchical", **params)
+                 for label, params in runs}
+        samples = {label: Samples() for label, _ in runs}
+        for i in range(repeats + 1):  # the first builds the plans
+            for label, _ in runs:
+                samples[label].take(world, calls[label], keep=i > 0)
+        rows += [samples[label].row(world, size, "both ways", label) for label, _ in runs]
     comm.close()
     return rows
 
@@ -218,8 +234,8 @@ def main() -> int:
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     hosts_of = world.allgather(MPI.Get_processor_name())
-    names, per_host = pairs_of(hosts_of)
-    peer, k, first = peer_of(rank, hosts_of)
+    where = Layout(rank, hosts_of)
+    per_host = where.per_host
     mtu = args.mtu
     if args.cluster:
         from ringtune.emulate.spec import load_emulated
@@ -237,7 +253,7 @@ def main() -> int:
     if bad:
         raise SystemExit(f"link_ceiling: --transports {bad[0]!r}: use tcp and/or mpi")
 
-    pair = TcpPair(world, rank, peer, k, first) if "tcp" in transports else None
+    pair = TcpPair(world, rank, where) if "tcp" in transports else None
     rows: list[Row] = []
     for size in sizes:
         each = size // per_host
@@ -246,34 +262,26 @@ def main() -> int:
         a = np.ones(each, np.uint8)
         b = np.empty_like(a)
         for way in ("one way", "both ways"):
-            send = first or way == "both ways"
-            recv = (not first) or way == "both ways"
+            send = where.first or way == "both ways"
+            recv = (not where.first) or way == "both ways"
             for transport in transports:
-                times, user, system = [], 0.0, 0.0
+                if transport == "tcp":
+                    assert pair is not None
+                    move = partial(pair.move, data, buf, send, recv)
+                else:
+                    move = partial(mpi_move, world, where.peer, a, b, send, recv)
+                samples = Samples()
                 for i in range(args.repeats + 1):  # the first warms the connection up
-                    world.Barrier()
-                    c0 = cpu_s()
-                    t0 = time.perf_counter()
-                    if transport == "tcp":
-                        assert pair is not None
-                        pair.move(data, buf, send, recv)
-                    else:
-                        mpi_move(world, peer, a, b, send, recv)
-                    t1 = time.perf_counter()
-                    c1 = cpu_s()
-                    dt = world.allreduce(t1 - t0, op=MPI.MAX)
-                    if i:
-                        times.append(dt)
-                        user, system = user + c1[0] - c0[0], system + c1[1] - c0[1]
-                u, sy = busiest(world, user / args.repeats, system / args.repeats)
-                rows.append((size, way, transport, statistics.median(times), u, sy))
+                    samples.take(world, move, keep=i > 0)
+                rows.append(samples.row(world, size, way, transport))
     if pair is not None:
         pair.close()
     rows += time_allreduces(world, sizes, per_host, args.profile, args.pipeline,
                             args.repeats)
     if rank == 0:
-        share = (mtu - 52) / (mtu + 14)
-        print(f"# link ceiling: hosts {names[0]} and {names[1]}, {per_host} rank(s) each "
+        share = tcp_payload_share(mtu)
+        print(f"# link ceiling: hosts {where.names[0]} and {where.names[1]}, {per_host} "
+              f"rank(s) each "
               f"(pairs of ranks, S / {per_host} per pair), uplink {rate_bps / 1e9:g} Gbit/s, "
               f"MTU {mtu}: TCP's headers leave {100 * share:.1f}% of the rate; medians of "
               f"{args.repeats}")

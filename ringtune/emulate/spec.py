@@ -50,6 +50,15 @@ MIN_BURST = 128 << 10
 #: minimum datagram a host must accept, and the largest a veth carries).
 DEFAULT_MTU = 1500
 MTU_RANGE = (576, 65535)
+
+
+def tcp_payload_share(mtu: int) -> float:
+    """The share of a tbf-shaped link's rate that TCP's payload can use at ``mtu``: tbf
+    counts whole frames, and each carries 14 Ethernet + 20 IP + 32 TCP bytes (with
+    timestamps) of headers, MTU - 52 of payload (1448/1514 at 1500, 8948/9014 at 9000)."""
+    return (mtu - 52) / (mtu + 14)
+
+
 _EMULATE_KEYS = {"hostname_prefix", "oversubscribe", "burst_kb", "mtu", "progress"}
 PROGRESS_MODES = ("spin", "throttle")
 HOSTNAME_PREFIX = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
