@@ -202,9 +202,9 @@ def main() -> int:
         ceiling = bound / tcp_payload_share(spec.mtu)
         row = f"| {size >> 10} KiB | {bound * 1e3:.1f} | {ceiling * 1e3:.1f} |"
         for lbl, algo, _ in cfgs:
-            same = " = native" if algo is None and size in same_as_native else ""
+            mark = " = native" if algo is None and size in same_as_native else ""
             row += f" {med[lbl] * 1e3:.1f} ({100 * bound / med[lbl]:.0f}%, " \
-                   f"{base / med[lbl]:.2f}x{same}) |"
+                   f"{base / med[lbl]:.2f}x{mark}) |"
         preds = {}
         for mname, model in models.items():
             best = None
