@@ -21,7 +21,7 @@ CUDA_PY := $(CUDA_VENV)/bin/python
 TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
-.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean schema
+.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean schema gpu-lane mpi-lane
 
 all: test
 
@@ -57,8 +57,11 @@ lint: install
 schema: install
 	$(VENV)/bin/python -m collectives.schema
 
+# pytest-xdist: one worker per CPU, at most 4. A worker runs one test at a time and no unit
+# test starts more than 3 ranks, so this stays within 4 ranks per core.
+UNIT_WORKERS ?= auto
 unit: install
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) --maxprocesses 4 tests/unit
 
 mpi: install
 	@set -e; for n in $(NP_LIST); do \
@@ -114,12 +117,24 @@ EMULATED_TIMEOUT ?= 600
 emulated: install
 	timeout $(EMULATED_TIMEOUT) $(PY) -m pytest -q -p no:cacheprovider -rs tests/emulated
 
-# GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
-# The CUDA and PyTorch environments (GBs of wheels: mostly download and unpacking) are
-# installed while the unit tests run, so a fresh `make test` does not wait for them in turn.
-test: lint gpu
-	$(MAKE) --no-print-directory -j2 --output-sync=target unit extra-venvs
-	$(MAKE) --no-print-directory cuda-static gpu-sim torch-test mpi emulated
+# Two lanes at a time, so that a fresh `make test` on a small machine stays short:
+# - the CUDA and PyTorch environments (GBs of wheels: mostly download and unpacking) are
+#   installed while lint, the GPU tests (without a GPU they all skip) and the unit tests run;
+# - then the GPU-side suites in one lane and the MPI and PyTorch suites in the other (each
+#   at most 4 ranks at a time: 8 ranks at most, 4 per core on 2 cores);
+# - the multi-host tests last and alone: their fault tests time links and stalls.
+# `install` comes first: the extra environments' editable installs write the same
+# ringtune.egg-info.
+test: install
+	$(MAKE) --no-print-directory -j2 --output-sync=target extra-venvs lint gpu unit
+	$(MAKE) --no-print-directory -j2 --output-sync=target gpu-lane mpi-lane
+	$(MAKE) --no-print-directory emulated
+
+gpu-lane:
+	$(MAKE) --no-print-directory cuda-static gpu-sim
+
+mpi-lane:
+	$(MAKE) --no-print-directory mpi torch-test
 
 # One after the other: both editable installs write ringtune.egg-info in this directory.
 extra-venvs:
