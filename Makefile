@@ -21,7 +21,7 @@ CUDA_PY := $(CUDA_VENV)/bin/python
 TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
-.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean schema gpu-lane mpi-lane
+.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean schema
 
 all: test
 
@@ -117,24 +117,17 @@ EMULATED_TIMEOUT ?= 600
 emulated: install
 	timeout $(EMULATED_TIMEOUT) $(PY) -m pytest -q -p no:cacheprovider -rs tests/emulated
 
-# Two lanes at a time, so that a fresh `make test` on a small machine stays short:
-# - the CUDA and PyTorch environments (GBs of wheels: mostly download and unpacking) are
-#   installed while lint, the GPU tests (without a GPU they all skip) and the unit tests run;
-# - then the GPU-side suites in one lane and the MPI and PyTorch suites in the other (each
-#   at most 4 ranks at a time: 8 ranks at most, 4 per core on 2 cores);
-# - the multi-host tests last and alone: their fault tests time links and stalls.
+# GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
+# The CUDA and PyTorch environments (GBs of wheels: mostly download and unpacking) are
+# installed while lint and the unit tests run (three jobs: the installs wait on downloads;
+# the unit tests on one pytest-xdist worker per CPU), so a fresh `make test` does not wait
+# for them in turn. The suites after that run one at a time: each saturates 2 CPUs at 4
+# ranks (two at once took as long in all).
 # `install` comes first: the extra environments' editable installs write the same
 # ringtune.egg-info.
 test: install
-	$(MAKE) --no-print-directory -j2 --output-sync=target extra-venvs lint gpu unit
-	$(MAKE) --no-print-directory -j2 --output-sync=target gpu-lane mpi-lane
-	$(MAKE) --no-print-directory emulated
-
-gpu-lane:
-	$(MAKE) --no-print-directory cuda-static gpu-sim
-
-mpi-lane:
-	$(MAKE) --no-print-directory mpi torch-test
+	$(MAKE) --no-print-directory -j3 --output-sync=target extra-venvs lint gpu unit
+	$(MAKE) --no-print-directory cuda-static gpu-sim torch-test mpi emulated
 
 # One after the other: both editable installs write ringtune.egg-info in this directory.
 extra-venvs:
