@@ -25,7 +25,7 @@ from mpi4py import MPI
 from collectives import Communicator
 from collectives.bench import size_list, time_allreduce
 
-CONFIGS = [("native", {}), ("rhd", {})] + [
+CONFIGS: list[tuple[str, dict[str, int]]] = [("native", {}), ("rhd", {})] + [
     ("multiring", {"rings": r, "chunk_bytes": c})
     for r in (1, 2, 4) for c in (1 << 16, 1 << 20, 0)
 ]

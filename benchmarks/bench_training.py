@@ -125,7 +125,8 @@ def bench_step(args: argparse.Namespace, ring: Communicator) -> None:
     from collectives.torch import HookState, ddp_hook
 
     data = digits()
-    models = {}
+    # hook name -> (DDP model, optimizer, its HookState; None for DDP's own gloo allreduce)
+    models: dict[str, tuple[Any, Any, HookState | None]] = {}
     for c in _channel_counts(args):
         ddp, _ = wrap(build_model(args), "gloo", ring, args.bucket_cap_mb,
                       bucket_view=args.bucket_view)
@@ -149,13 +150,14 @@ def bench_step(args: argparse.Namespace, ring: Communicator) -> None:
     if args.trace:
         for c in _channel_counts(args):
             ddp, opt, st = models[_hook_name(c)]
+            assert st is not None  # a ringtune hook's entry, not gloo's
             _print_timeline(f"DDP + {_hook_name(c)} hook", _timeline(
                 ddp, opt, 3 + args.rounds * args.steps, args.steps, args.batch, data,
                 [ex for _, ex in st.channels]))
-    state = models[_hook_name(_channel_counts(args)[0])][2]
-    if RANK == 0 and state is not None:
+    first = models[_hook_name(_channel_counts(args)[0])][2]
+    if RANK == 0 and first is not None:
         # What the profile chose for each bucket (the plans the hook cached while warming up).
-        for index, (buf, _, prepared, _) in sorted(state._fast.items()):
+        for index, (buf, _, prepared, _) in sorted(first._fast.items()):
             plan = prepared.plan
             print(f"bucket {index}: {buf.numel() * buf.element_size()} B -> "
                   f"{plan.algorithm} {plan.describe_params()} ({plan.source})")
@@ -336,7 +338,7 @@ def _print_timeline(title: str, steps: list[dict[str, Any]]) -> None:
     """Rank 0 prints the median (over steps) of each bucket's marks, in ms from the start
     of backward (from the step's start where there is no backward)."""
     every = WORLD.gather(steps, root=0)
-    if RANK != 0:
+    if RANK != 0 or every is None:  # the root alone receives the list
         return
     med = statistics.median
     print(f"timeline, {title} (ms from the start of backward; medians over "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,7 @@ def ddl() -> list[str]:
         "efficiency, full overlap |",
         "|---|---|---:|---:|---:|",
     ]
-    configs = [
+    configs: list[tuple[str, str, dict[str, Any]]] = [
         ("flat ring (multiring, rings=1)", "multiring", {"rings": 1}),
         ("4x16x4 grid, ring per dimension", "hierarchical", {"dims": [4, 16, 4]}),
         ("4x8x8 grid, ring per dimension", "hierarchical", {"dims": [4, 8, 8]}),

@@ -36,12 +36,15 @@ def test_shipped_files_load_for_emulation_and_simulation() -> None:
     assert [t.rate_bps for t in two.tiers] == [10**9]
     three = load_emulated(str(CLUSTERS / "emulated-3x1.yaml"), cores=2)
     assert (three.hosts, three.ranks_per_host) == (3, 1)
+    pair = load_emulated(str(CLUSTERS / "emulated-2x1.yaml"), cores=2)
+    assert (pair.hosts, pair.ranks_per_host, pair.ranks) == (2, 1, 2)
+    assert [t.rate_bps for t in pair.tiers] == [10**9]
     racks = load_emulated(str(CLUSTERS / "emulated-2r2x1.yaml"), cores=2)
     assert (racks.hosts, racks.racks, racks.hosts_per_rack) == (4, 2, 2)
     assert [t.rate_bps for t in racks.tiers] == [10**9, 5 * 10**8]
     jumbo = load_emulated(str(CLUSTERS / "emulated-2x2-jumbo-throttle.yaml"), cores=2)
     assert (jumbo.mtu, jumbo.progress, jumbo.ranks) == (9000, "throttle", 4)
-    for name in ("emulated-2x2", "emulated-3x1", "emulated-2r2x1",
+    for name in ("emulated-2x2", "emulated-3x1", "emulated-2x1", "emulated-2r2x1",
                  "emulated-2x2-jumbo-throttle"):
         res = subprocess.run([sys.executable, "-m", "ringtune.cli", "simulate", "--cluster",
                               str(CLUSTERS / f"{name}.yaml"), "-b", "1M", "-e", "4M"],
