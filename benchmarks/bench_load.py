@@ -122,9 +122,7 @@ def communicator(path: str) -> None:
     comm = Communicator(MPI.COMM_WORLD, profile=path)
     comm.allreduce(np.ones(1 << 12, np.float32))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
-    # A profile that failed to load raised in the constructor: here it is a Profile.
-    rules = getattr(comm.profile, "rules", ())
-    print(f"rank {comm.rank}: Communicator over {len(rules)} rules: CPU "
+    print(f"rank {comm.rank}: Communicator over {len(comm.profile.rules)} rules: CPU "
           f"{time.process_time() - t0:.2f} s, wall {time.perf_counter() - w0:.2f} s, "
           f"peak RSS {rss} MB\n", end="", flush=True)
     comm.close()

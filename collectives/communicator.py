@@ -88,12 +88,14 @@ class Communicator:
         #: Why the given profile was set aside for built-in defaults (topology mismatch);
         #: ``None`` when it is in use or none was given. ``explain`` says it.
         self.set_aside: str | None = None
-        self.profile = self._resolve_profile(profile)
-        if isinstance(self.profile, Profile) and "library" in self.profile.raw:
+        loaded = self._resolve_profile(profile)
+        if isinstance(loaded, Profile) and "library" in loaded.raw:
             from .mpit import warn_other_library
 
-            warn_other_library(self.profile)
-        self.hosts = self._agree_at_construction()
+            warn_other_library(loaded)
+        #: The profile in use (built-in defaults where none was given or it was set aside).
+        self.profile: Profile
+        self.profile, self.hosts = self._agree_at_construction(loaded)
         name_abrupt_exits(comm)  # os._exit on this rank says which rank (abort.py)
         if self.topology is None:
             self.topology = self._detect_topology()
@@ -103,7 +105,6 @@ class Communicator:
         self._calls = 0
         if self._log_calls:
             prof = self.profile
-            assert isinstance(prof, Profile)
             src = (f"profile {prof.path} (sha256 {prof.sha256[:12]}…, {len(prof.rules)} "
                    f"rules)" if not prof.builtin else
                    f"built-in defaults ({self.set_aside or 'no profile given'})")
@@ -131,15 +132,17 @@ class Communicator:
         except OSError as exc:
             return ProfileError(f"{path}: cannot read profile: {exc.strerror or exc}")
 
-    def _agree_at_construction(self) -> tuple[int, ...]:
+    def _agree_at_construction(self, prof: Profile | Exception
+                               ) -> tuple[Profile, tuple[int, ...]]:
         """One allgather: host names (for ring orders), and the profile's digest and
-        backend, which must be equal on every rank. On disagreement every rank raises the
-        same. The digest is the file's bytes' (``Profile.source_digest``) where a file was
-        read; only where those differ (another copy laid out otherwise, or a ``Profile``
-        object) is the content hash computed and compared, in a second allgather."""
+        backend, which must be equal on every rank; returns the profile and each rank's
+        host index. A profile that failed to load on any rank, or a disagreement, raises
+        the same on every rank. The digest is the file's bytes' (``Profile.source_digest``)
+        where a file was read; only where those differ (another copy laid out otherwise, or
+        a ``Profile`` object) is the content hash computed and compared, in a second
+        allgather."""
         from mpi4py import MPI
 
-        prof = self.profile
         mine = (
             MPI.Get_processor_name(),
             None if isinstance(prof, Exception) else prof.source_digest or prof.sha256,
@@ -152,11 +155,11 @@ class Communicator:
             r, e = errors[0]
             raise ProfileError(e if r == self.rank or len(errors) == len(everyone)
                                else f"rank {r}: {e}")
+        assert isinstance(prof, Profile)  # this rank's load error would be in ``errors``
         hashes = {h for _, h, _, _ in everyone}
         if len(hashes) > 1:
             # Every rank saw the same list, so every rank takes this branch: files that
             # differ byte for byte may still hold the same profile.
-            assert isinstance(prof, Profile)
             content = self.comm.allgather(prof.sha256)
             hashes = set(content)
         if len(hashes) > 1:
@@ -173,7 +176,7 @@ class Communicator:
             raise AgreementError(f"ranks disagree on the backend ({sorted(backends)}): every "
                                  "rank must use the same profile and buffer kind")
         names: dict[str, int] = {}
-        return tuple(names.setdefault(name, len(names)) for name, _, _, _ in everyone)
+        return prof, tuple(names.setdefault(name, len(names)) for name, _, _, _ in everyone)
 
     def _detect_topology(self) -> Any:
         """Probe this world once (collective, ~0.1 s; ``$RINGTUNE_TOPOLOGY`` replaces
@@ -190,7 +193,6 @@ class Communicator:
         on a mismatch warn once and use built-in defaults, or raise when strict. The same
         decision on every rank (they agreed on the profile, and the world is common)."""
         prof = self.profile
-        assert isinstance(prof, Profile)
         if prof.builtin:
             return
         found = self._mismatch(prof)
@@ -230,7 +232,6 @@ class Communicator:
     def plan_for(self, nbytes: int) -> Plan:
         """The plan the profile picks for a message of ``nbytes`` bytes."""
         prof = self.profile
-        assert isinstance(prof, Profile)
         idx, rule = prof.select(int(nbytes))
         return Plan(
             algorithm=rule.algorithm,
@@ -249,7 +250,6 @@ class Communicator:
         hi = "∞" if p.max_bytes is None else str(p.max_bytes)
         params = f" ({p.describe_params()})" if p.params else ""
         prof = self.profile
-        assert isinstance(prof, Profile)
         if not prof.builtin:
             src = f"profile {prof.path}"
         elif self.set_aside:

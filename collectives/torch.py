@@ -147,7 +147,6 @@ class HookState:
         check_thread_level(comm.rank, concurrent=True)
 
         profile = comm.profile
-        assert not isinstance(profile, Exception)  # a Communicator raises those at start
 
         def dup() -> Any:  # collective; on comm's thread, which owns its MPI calls
             return Communicator(comm.comm.Dup(), profile=profile, strict=comm.strict,

@@ -129,7 +129,6 @@ def run(args: argparse.Namespace) -> int:
         rows_to_json,
         run_bench,
     )
-    from collectives.profile import Profile
 
     world = MPI.COMM_WORLD
     comm = Communicator(world, profile=args.profile)
@@ -140,7 +139,6 @@ def run(args: argparse.Namespace) -> int:
     # What actually runs: a profile from --profile or $RINGTUNE_PROFILE, or the defaults
     # (and why, when a profile was set aside for another topology).
     prof = comm.profile
-    assert isinstance(prof, Profile)  # a profile that failed to load raised above
     what = (f"algorithm {args.algo}" if args.algo else
             f"profile {prof.path}" if not prof.builtin else
             f"built-in defaults ({comm.set_aside})" if comm.set_aside else "built-in defaults")
