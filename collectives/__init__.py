@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from .algorithms import algorithm_names, get_algorithm
 from .communicator import Communicator
-from .errors import AgreementError, ProfileError, RingtuneError, TopologyMismatchError
+from .errors import (
+    AgreementError,
+    ProfileError,
+    RingtuneError,
+    TopologyMismatchError,
+    WorldMismatchError,
+)
 from .plan import Plan
 
 __version__ = "0.1.0"
@@ -22,6 +28,7 @@ __all__ = [
     "ProfileError",
     "AgreementError",
     "TopologyMismatchError",
+    "WorldMismatchError",
     "RingtuneError",
     "algorithm_names",
     "get_algorithm",

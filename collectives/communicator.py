@@ -76,6 +76,7 @@ class Communicator:
     def __init__(self, comm: Any, profile: str | os.PathLike[str] | Profile | None = None,
                  strict: bool = False, topology: Any = None) -> None:
         log_level()  # an unknown RINGTUNE_LOG: ValueError on every rank, before any message
+        _check_world(comm)
         self.comm = comm
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
@@ -465,6 +466,18 @@ class Communicator:
             t.close()
         self._transports.clear()
         self._contexts.clear()
+
+
+def _check_world(comm: Any) -> None:
+    """An mpi4py communicator in a job whose launcher started another world (a torchrun
+    job, where every MPI is a 1-rank singleton): ``WorldMismatchError`` on every rank, before
+    any step (``collectives.launcher.check_mpi_world``)."""
+    if type(comm).__module__.startswith("mpi4py"):
+        from mpi4py import MPI
+
+        from .launcher import check_mpi_world
+
+        check_mpi_world(MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank())
 
 
 def _shape(world_size: int | None, hosts: Any) -> str:

@@ -34,3 +34,10 @@ def require_agreement(values: Sequence[object], what: str, fix: str) -> None:
     if len(set(values)) > 1:
         detail = "; ".join(f"rank {r}: {v}" for r, v in enumerate(values))
         raise AgreementError(f"{what} differ across ranks ({detail}): {fix}")
+
+
+class WorldMismatchError(AgreementError):
+    """The communicator's world is not the job's: e.g. ``MPI.COMM_WORLD`` is a 1-rank
+    singleton in a job that torchrun (or another MPI's launcher) started with N ranks, or
+    DDP's process group has N ranks where the communicator has M. Training on would never
+    average a gradient, so it is refused on every rank before the first step."""

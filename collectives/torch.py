@@ -87,6 +87,24 @@ def _on_comm_thread(t: Any, ready: Any) -> None:
     ready.synchronize()
 
 
+def _check_ddp_world(comm: Any) -> None:
+    """DDP's default process group and the communicator must span the same ranks, or the
+    hook would average over another world (a 1-rank MPI world under torchrun averages
+    nothing): ``WorldMismatchError`` on every rank, before the first step."""
+    from .errors import WorldMismatchError
+
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    world = dist.get_world_size()
+    if world != comm.size:
+        raise WorldMismatchError(
+            f"rank {dist.get_rank()}: DDP's process group has {world} ranks but the "
+            f"Communicator has {comm.size}: build the Communicator over the same ranks "
+            "(Communicator(torch.distributed.group.WORLD) under torchrun, "
+            "Communicator(MPI.COMM_WORLD.Dup()) under mpiexec)")
+
+
 class HookState:
     """State of ``ddp_hook``: the ``Communicator``, its communication thread, the mode."""
 
@@ -110,6 +128,7 @@ class HookState:
                 or not 1 <= channels <= MAX_CHANNELS:
             raise ValueError(f"rank {comm.rank}: channels must be an integer 1..{MAX_CHANNELS},"
                              f" got {channels!r}")
+        _check_ddp_world(comm)
         self.comm = comm
         self.rank: int = comm.rank
         self.world: int = comm.size

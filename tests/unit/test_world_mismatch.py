@@ -1,0 +1,52 @@
+"""A communicator whose world is not the job's is refused before any step: under torchrun
+every process's ``MPI.COMM_WORLD`` is a 1-rank singleton, and an allreduce over it would
+leave every gradient un-averaged without a word."""
+
+from __future__ import annotations
+
+import pytest
+
+from collectives import Communicator, WorldMismatchError
+from collectives.launcher import check_mpi_world, job_world_size, under_torchrun
+
+TORCHRUN = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "x"}
+
+
+def test_a_singleton_under_torchrun_is_refused_naming_both_sizes_and_the_fix() -> None:
+    with pytest.raises(WorldMismatchError) as err:
+        check_mpi_world(1, env=TORCHRUN)
+    msg = str(err.value)
+    assert msg.startswith("rank 1: MPI.COMM_WORLD has 1 rank(s) but the launcher started 2 "
+                          "(WORLD_SIZE=2)"), msg
+    assert "Communicator(torch.distributed.group.WORLD)" in msg
+
+
+def test_another_mpis_launcher_is_refused_naming_the_library_check() -> None:
+    env = {"PMI_SIZE": "3", "PMI_RANK": "2"}
+    with pytest.raises(WorldMismatchError, match=r"rank 2: .* has 1 rank\(s\) but the "
+                       r"launcher started 3 \(PMI_SIZE=3\).*--mpi-library"):
+        check_mpi_world(1, env=env)
+
+
+@pytest.mark.parametrize("env", [{}, {"WORLD_SIZE": "1"}, {"PMI_SIZE": "4", "WORLD_SIZE": "9"}])
+def test_matching_or_absent_launchers_pass(env: dict[str, str]) -> None:
+    size = int(env.get("PMI_SIZE", env.get("WORLD_SIZE", "1")))
+    check_mpi_world(size, env=env)  # no error
+
+
+def test_mpi_launcher_wins_over_world_size_and_torchrun_is_detected() -> None:
+    assert job_world_size({"PMI_SIZE": "4", "WORLD_SIZE": "9"}) == (4, "PMI_SIZE")
+    assert job_world_size({"WORLD_SIZE": "2"}) == (2, "WORLD_SIZE")
+    assert job_world_size({}) is None
+    assert under_torchrun(TORCHRUN)
+    assert not under_torchrun({**TORCHRUN, "PMI_SIZE": "2"})
+
+
+def test_communicator_over_an_mpi_singleton_in_a_torchrun_job_raises(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from mpi4py import MPI
+
+    for k, v in TORCHRUN.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(WorldMismatchError, match="WORLD_SIZE=2"):
+        Communicator(MPI.COMM_WORLD)
