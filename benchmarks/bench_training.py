@@ -192,10 +192,10 @@ _noop_hook.__annotations__ = {"state": object, "bucket": torch.distributed.GradB
 
 
 def bench_overlap(args: argparse.Namespace, ring: Communicator) -> None:
+    from thread_latency import set_thread_latency  # benchmarks/: an experiment, not runtime
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from collectives.torch import HookState, ddp_hook
-    from thread_latency import set_thread_latency  # benchmarks/: an experiment, not runtime
 
     _header(args, f"overlap of exchange with backward, buckets of {args.bucket_cap_mb} MB")
     data = digits()
