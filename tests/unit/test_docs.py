@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import Any
 
 from ringtune import clidoc
 from ringtune.cli import build_parser
@@ -165,3 +166,50 @@ def test_cli_page_lists_every_flag_of_every_verb() -> None:
         body = section[1].split("\n## ", 1)[0]
         for opt in options:
             assert f"`{opt}`" in body, f"docs/cli.md: `ringtune {verb}` does not list {opt}"
+
+
+def _report() -> object:
+    """benchmarks/report.py as a module (benchmarks/ is not a package)."""
+    import importlib.util
+    import sys
+
+    if "bench_report" in sys.modules:
+        return sys.modules["bench_report"]
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "benchmarks" /
+                                                  "report.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_report"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmarks_page_is_what_its_stored_results_render() -> None:
+    """BENCHMARKS.md's tables come from benchmarks/results/*.json, one per scenario, and
+    each scenario has its plot."""
+    report: Any = _report()
+    results = report.load_results(ROOT)
+    assert set(results) == set(report.SCENARIOS), "a scenario without stored results"
+    page = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    assert page == report.render_page(page, results), (
+        "BENCHMARKS.md's generated blocks differ from benchmarks/results/: run "
+        "`python benchmarks/report.py render`")
+    for name, data in results.items():
+        assert (ROOT / "docs" / "img" / f"{name}.png").is_file(), f"no plot for {name}"
+        assert data["commands"] and data["measured"] and data["machine"], name
+        assert all(len(row) == len(data["columns"]) for row in data["rows"]), name
+    assert len(page.splitlines()) <= 300, "BENCHMARKS.md is meant to stay <= 300 lines"
+
+
+def test_report_reads_the_tables_the_scripts_print() -> None:
+    report: Any = _report()
+    out = ("# 2 ranks, float32 sum, busbw GB/s (median of 3); memcpy ceiling 9.10 GB/s\n"
+           "| size | native | rhd | mr r1 seg | best ours / native |\n|---|---|---|---|---|\n"
+           "| 64 KiB | 1.20 | 0.90 | 0.80 | 0.75x |\n| 1 MiB | 1.50 | 1.60 | 1.40 | 1.07x |\n"
+           "\nmemcpy ceiling (64 MiB, all ranks copying): 9.10 GB/s\n")
+    header, rows = report.select(*report.table_with(out, "size"),
+                                 ["size", "native", "mr r1 seg", "absent"])
+    assert header == ["size", "native", "mr r1 seg"]
+    assert rows == [["64 KiB", "1.20", "0.80"], ["1 MiB", "1.50", "1.40"]]
+    assert report.size_bytes("64 KiB") == 65536 and report.size_label(1 << 20) == "1 MiB"
+    assert report.first_number("9.8 (86%, 1.15x)", r"\((\d+(?:\.\d+)?)%") == 86.0
