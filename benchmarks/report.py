@@ -237,6 +237,8 @@ def emulated(r: Runner) -> dict[str, Any]:
     header, rows = select(*table_with(out, "size"), [
         "size", "bound", "ceiling", "native", "native composition=beta", "multiring rings=2",
         "hierarchical dims=[2,2]", "tuned profile"], short)
+    for row in rows:  # the script writes "1024 KiB"; the page's other tables "1 MiB"
+        row[0] = size_label(int(size_bytes(row[0])))
     return {"columns": header, "rows": rows, "notes": []}
 
 
@@ -456,7 +458,7 @@ def machine() -> str:
     try:
         from mpi4py import MPI
 
-        lib = MPI.Get_library_version().splitlines()[0].strip()[:40]
+        lib = " ".join(MPI.Get_library_version().splitlines()[0].split())[:40]
     except Exception:  # noqa: BLE001 - the description is informative only
         lib = "MPI unknown"
     return f"{cpus} vCPU, {mem:.0f} GiB, {lib}"
