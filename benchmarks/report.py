@@ -190,12 +190,30 @@ def first_number(cell: str, pattern: str | None = None) -> float | None:
 # -------------------------------------------------------------------------- scenarios
 
 
+def gloo_column(r: Runner, command: str) -> dict[str, list[str]]:
+    """gloo's figures per size from ``benchmarks/bench_gloo.py`` (``{}`` without torch):
+    size label -> [ms, busbw]."""
+    try:
+        out = r.sh(command)
+    except Skip as why:
+        print(f"report: gloo column left out: {why}", file=sys.stderr)
+        return {}
+    _, rows = table_with(out, "size")
+    return {size_label(int(size_bytes(row[0]))): row[1:] for row in rows}
+
+
 def one_host(r: Runner) -> dict[str, Any]:
     args = " -b 65536 -e 1048576 --iters 3" if r.quick else ""
     out = r.sh(f"mpiexec -n 2 python -m mpi4py benchmarks/bench_core.py{args}")
     header, rows = select(*table_with(out, "size"),
                           ["size", "native", "rhd", "mr r1 seg", "mr r2 seg", "mr r4 seg",
                            "best ours / native"])
+    gloo = gloo_column(r, "torch-mpiexec -n 2 torch-python -m mpi4py benchmarks/bench_gloo.py"
+                       + (args or " -b 4096 -e 67108864"))
+    if gloo:
+        header.insert(2, "gloo")
+        for row in rows:
+            row.insert(2, gloo.get(row[0], ["-", "-"])[1])
     notes = [line for line in out.splitlines() if line.startswith(("memcpy", "overhead"))]
     return {"columns": header, "rows": rows, "notes": notes}
 
@@ -239,6 +257,16 @@ def emulated(r: Runner) -> dict[str, Any]:
         "hierarchical dims=[2,2]", "tuned profile"], short)
     for row in rows:  # the script writes "1024 KiB"; the page's other tables "1 MiB"
         row[0] = size_label(int(size_bytes(row[0])))
+    gloo = gloo_column(r, f"ringtune emulate -q --cluster {EMU} -- torch-python "
+                       "benchmarks/bench_gloo.py --min-bytes 1048576"
+                       + (" --max-bytes 4194304 --iters 2" if r.quick else ""))
+    if gloo:
+        header.insert(4, "gloo")
+        for row in rows:
+            ms = first_number(gloo.get(row[0], ["-"])[0])
+            bound, native = first_number(row[1]), first_number(row[3])
+            row.insert(4, f"{ms:.1f} ({100 * bound / ms:.0f}%, {native / ms:.2f}x)"
+                       if ms and bound and native else "-")
     return {"columns": header, "rows": rows, "notes": []}
 
 
@@ -290,10 +318,10 @@ class Scenario:
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("one-host", one_host, Plot(
-        "lines", "size", ("native", "rhd", "mr r1 seg", "mr r2 seg"), "busbw (GB/s)",
+        "lines", "size", ("native", "gloo", "rhd", "mr r1 seg", "mr r2 seg"), "busbw (GB/s)",
         hline=("memory copy", r"memcpy ceiling .*?: ([\d.]+) GB/s"))),
     Scenario("emulated", emulated, Plot(
-        "lines", "size", ("native", "native composition=beta", "multiring rings=2",
+        "lines", "size", ("native", "gloo", "native composition=beta", "multiring rings=2",
                           "hierarchical dims=[2,2]", "tuned profile"),
         "% of the link's bound (S / uplink)", log=False, value=r"\((\d+(?:\.\d+)?)%",
         level=("TCP's ceiling (95.6%)", 95.6))),
