@@ -21,8 +21,7 @@ CUDA_PY := $(CUDA_VENV)/bin/python
 TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
-.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean schema \
-	docs bench-report
+.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean schema
 
 all: test
 
@@ -151,6 +150,7 @@ bench: install
 	$(VENV)/bin/ringtune bench -b 4K -e 64M -f 4 -c 1 "$$@"
 
 # docs/cli.md from the argparse parser (a unit test says when it is stale).
+.PHONY: docs bench-report
 docs: install
 	$(PY) -m ringtune.clidoc
 
