@@ -169,5 +169,21 @@ bench: install
 	fi; \
 	$(VENV)/bin/ringtune bench -b 4K -e 64M -f 4 -c 1 "$$@"
 
+# docs/cli.md from the argparse parser (a unit test says when it is stale).
+.PHONY: docs bench-report
+docs: install
+	$(PY) -m ringtune.clidoc
+
+# BENCHMARKS.md's tables and plots: run the benchmark scripts (~15 min; on a quiet machine,
+# it replaces benchmarks/results/ and the page), or QUICK=1: small sizes into
+# build/bench-report/, leaving the page alone. The emulated scenarios need root; the
+# training one .venv-torch (each is skipped with the reason without it).
+bench-report: install
+	@if [ -n "$(QUICK)" ]; then \
+	  $(PY) benchmarks/report.py run --quick --out build/bench-report; \
+	else \
+	  $(PY) benchmarks/report.py run; \
+	fi
+
 clean:
 	rm -rf $(VENV) $(CUDA_VENV) $(TORCH_VENV) build *.egg-info

