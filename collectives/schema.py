@@ -25,13 +25,16 @@ from .algorithms import get_algorithm
 from .algorithms.native import COMPOSITIONS
 from .algorithms.registry import user_algorithm_names
 from .profile import (
-    BACKENDS,
     FORMAT,
+    MAX_RULE_BYTES,
+    MAX_RULES,
+    MEASURED_KEYS,
     PROFILE_DTYPES,
     PROFILE_OPS,
-    TRANSPORT_NAMES,
     VERSION,
 )
+from .registry import backend_names, transports_for, user_transport_names
+from .shapes import MAX_SHAPES, MAX_WORLD_SIZE
 
 #: Where the checked-in schema lives, from the repository root.
 SCHEMA_FILE = os.path.join("profiles", "schema", "profile-v1.schema.json")
@@ -43,12 +46,13 @@ _DESCRIPTION = (
     "addition, what a schema cannot express: rules sorted and contiguous (rules[i].min_bytes "
     "= rules[i-1].max_bytes + 1), only the last rule open-ended (max_bytes null), max_bytes "
     ">= min_bytes, algorithm names registered in this installation, ring-order permutations "
-    "of 0..world_size-1, hierarchical dims whose product is the world size, and each "
-    "algorithm's own parameter checks.")
+    "of 0..world_size-1, hierarchical dims whose product is the world size, hosts x "
+    "ranks_per_host = world_size, the native impl installed in this MPI library, and each "
+    "algorithm's own parameter checks. A profile file is at most 1 MiB.")
 
-_NULLABLE_FIGURE: dict[str, Any] = {"type": ["number", "null"], "minimum": 0}
-_MEASURED_KEYS = ("bytes", "busbw_gbps", "time_us", "native_busbw_gbps", "native_time_us",
-                  "algbw_gbps", "speedup")
+_NULLABLE_FIGURE: dict[str, Any] = {"type": ["number", "null"], "minimum": 0,
+                                     "maximum": 1e18}
+_BYTES: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_RULE_BYTES}
 
 
 def _params_schema(name: str) -> dict[str, Any]:
@@ -66,8 +70,9 @@ def _rule(algorithms: list[str]) -> dict[str, Any]:
         "required": ["min_bytes", "max_bytes", "algorithm"],
         "additionalProperties": False,
         "properties": {
-            "min_bytes": {"type": "integer", "minimum": 0},
-            "max_bytes": {"type": ["integer", "null"], "minimum": 0},
+            "min_bytes": dict(_BYTES),
+            "max_bytes": {"type": ["integer", "null"], "minimum": 0,
+                          "maximum": MAX_RULE_BYTES},
             "algorithm": {"type": "string", "enum": algorithms},
             "params": {"type": "object"},
             "transport": {"$ref": "#/$defs/transport"},
@@ -89,7 +94,9 @@ def _rule(algorithms: list[str]) -> dict[str, Any]:
             "measured": {
                 "type": "object",
                 "additionalProperties": False,
-                "properties": {k: dict(_NULLABLE_FIGURE) for k in _MEASURED_KEYS},
+                "properties": {k: dict(_NULLABLE_FIGURE) if k != "bytes" else
+                               {"type": ["integer", "null"], "minimum": 0,
+                                "maximum": MAX_RULE_BYTES} for k in MEASURED_KEYS},
             },
         },
         # One branch per algorithm: its params as its own params_schema says.
@@ -110,14 +117,15 @@ def profile_schema() -> dict[str, Any]:
         "required": ["world_size"],
         "additionalProperties": False,
         "properties": {
-            "fingerprint": {"type": ["string", "null"], "pattern": "^sha256:[0-9a-f]{64}$"},
-            "world_size": {"type": "integer", "minimum": 1},
-            "hosts": {"type": "integer", "minimum": 1},
-            "ranks_per_host": {"type": "integer", "minimum": 1},
+            "fingerprint": {"type": ["string", "null"], "pattern": "^sha256:[0-9a-f]{64}$",
+                            "maxLength": 71},
+            "world_size": {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE},
+            "hosts": {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE},
+            "ranks_per_host": {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE},
             "summary": {"type": "string"},
         },
     }
-    defs: dict[str, Any] = {"transport": {"enum": list(TRANSPORT_NAMES)},
+    defs: dict[str, Any] = {"transport": {"enum": user_transport_names()},
                             "rule": _rule(algorithms)}
     for name in algorithms:
         defs[f"{name}_params"] = _params_schema(name)
@@ -137,11 +145,11 @@ def profile_schema() -> dict[str, Any]:
                      "properties": {"name": {"type": "string"},
                                     "version": {"type": "string"}}},
             "topology": topology,
-            "backend": {"enum": list(BACKENDS)},
+            "backend": {"enum": backend_names()},
             "transport": {"$ref": "#/$defs/transport"},
             "dtype": {"enum": list(PROFILE_DTYPES)},
             "op": {"enum": list(PROFILE_OPS)},
-            "rules": {"type": "array", "minItems": 1,
+            "rules": {"type": "array", "minItems": 1, "maxItems": MAX_RULES,
                       "prefixItems": [{"$ref": "#/$defs/rule",
                                        "properties": {"min_bytes": {"const": 0}}}],
                       "items": {"$ref": "#/$defs/rule"}},
@@ -153,13 +161,14 @@ def profile_schema() -> dict[str, Any]:
                                "measured": {"type": "object"}},
             },
             "tuning": {"type": "object"},
-            "shapes": {"type": "array", "items": {
+            "shapes": {"type": "array", "maxItems": MAX_SHAPES, "items": {
                 "type": "object", "required": ["topology", "rules"],
                 "additionalProperties": False,
                 "properties": {"topology": {"$ref": "#/properties/topology"},
                                "rules": {"$ref": "#/properties/rules"},
                                "source": {"enum": ["tuned", "predicted"]},
-                               "from_world_size": {"type": "integer", "minimum": 1}},
+                               "from_world_size": {"type": "integer", "minimum": 1,
+                                                   "maximum": MAX_WORLD_SIZE}},
             }},
             "library": {"type": "object", "required": ["name", "version"],
                         "additionalProperties": False,
@@ -168,8 +177,22 @@ def profile_schema() -> dict[str, Any]:
                                        "nccl": {"type": "string"}}},
             "extra": {"type": ["object", "null"]},
         },
+        # The transports each backend's buffers can use, wherever a transport is named.
+        "allOf": [_backend_transports(b) for b in backend_names()],
         "$defs": defs,
     }
+
+
+def _backend_transports(backend: str) -> dict[str, Any]:
+    """``backend: B`` → every transport named (top level, rules, a rule's params, the
+    sections' rules) is one that moves B's buffers (``collectives.registry``)."""
+    allowed = {"enum": [t for t in transports_for(backend) if t in user_transport_names()]}
+    rule = {"properties": {"transport": allowed,
+                           "params": {"properties": {"transport": allowed}}}}
+    rules = {"items": rule}
+    return {"if": {"properties": {"backend": {"const": backend}}, "required": ["backend"]},
+            "then": {"properties": {"transport": allowed, "rules": rules,
+                                    "shapes": {"items": {"properties": {"rules": rules}}}}}}
 
 
 def schema_text() -> str:
