@@ -60,10 +60,11 @@ def load_topology(path: str | os.PathLike[str]) -> Topology:
     """Read a topology file (YAML, or JSON when it ends in ``.json``). Any problem raises
     ``TopologyError`` naming the file and the key."""
     from .safeload import InputError, load_file
+    from .topology import MAX_FILE_BYTES, MAX_FILE_VALUES
 
     name = os.fspath(path)
     try:
-        data = load_file(name, "topology")
+        data = load_file(name, "topology", max_bytes=MAX_FILE_BYTES, max_nodes=MAX_FILE_VALUES)
     except InputError as exc:
         raise TopologyError(str(exc)) from None
     topo = Topology.from_dict(data, source=name)

@@ -124,15 +124,16 @@ def _check_regular(name: str, mode: int, what: str) -> None:
 
 def load_file(path: str | os.PathLike[str], what: str = "input",
               max_bytes: int = MAX_BYTES, missing: str | None = None,
-              as_json: bool | None = None) -> Any:
+              as_json: bool | None = None, max_nodes: int = MAX_NODES) -> Any:
     """Read and parse ``path`` within the bounds (see the module docstring). ``what`` names
     the kind of file in messages; ``as_json``: parse as JSON (default: when the name ends
-    in ``.json``)."""
+    in ``.json``); ``max_nodes``: a kind's own cap on values (counted while parsing, so a
+    file far over it is refused after reading that many, not all of it)."""
     name = os.fspath(path)
     text = read_bounded(name, what, max_bytes, missing)
     if as_json is None:
         as_json = name.endswith(".json")
-    return parse_json(text, name) if as_json else parse_text(text, name)
+    return parse_json(text, name, max_nodes) if as_json else parse_text(text, name, max_nodes)
 
 
 # -- which kind of file --------------------------------------------------------------------
@@ -391,8 +392,9 @@ class _Builder:
         return value, size, height
 
     def _too_many(self, event: Any) -> None:
-        self.fail(event, f"more than {self.max_nodes} values with aliases expanded; a YAML "
-                         "alias bomb, or not a ringtune file")
+        self.fail(event, f"more than {self.max_nodes} values with aliases expanded (the "
+                         "most this kind of file may hold); a YAML alias bomb, or not the "
+                         "right file")
 
     def _bad_tag(self, event: Any, tag: str) -> None:
         short = tag.replace(_TAG, "!!")
