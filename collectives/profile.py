@@ -370,7 +370,7 @@ def _rules(v: _Validator, value: Any, world_size: int, backend: str) -> tuple[Ru
         else:
             tkey = f"{where}.transport"
         if rtrans is not None or "transport" in rule:
-            v.choice(rtrans, tkey, transport_names())
+            rtrans = v.choice(rtrans, tkey, transport_names())
             _check_transport(v, rtrans, backend, tkey)
         try:
             get_algorithm(algo).check_params(params, world_size)

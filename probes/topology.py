@@ -487,7 +487,7 @@ MAX_INT = (1 << 63) - 1
 #: each with at most 64 GPUs (a DGX has 8-16), 64 NUMA nodes, 256 network ports and 4,096
 #: PCI devices. ``ringtune probe`` prints a GPU matrix per host: with the GPU cap its output
 #: is linear in the hosts. A file is at most ``MAX_FILE_BYTES`` and ``MAX_FILE_VALUES``
-#: values (counted while parsing: a 100,000-rank file is refused after reading a quarter).
+#: values (counted while parsing: a 100,000-rank file is refused partway).
 MAX_RANKS = 1 << 13
 MAX_HOSTS = 1 << 10
 MAX_GPUS_PER_HOST = 64
@@ -495,7 +495,7 @@ MAX_NUMA_NODES = 64
 MAX_NICS = 256
 MAX_PCI_DEVICES = 4096
 MAX_FILE_BYTES = 4 << 20
-MAX_FILE_VALUES = 1 << 18
+MAX_FILE_VALUES = 1 << 17
 #: (key path under a host, cap) checked by ``_check_sizes``.
 _HOST_LISTS = (("gpus", MAX_GPUS_PER_HOST),
                ("gpu_pairs", MAX_GPUS_PER_HOST * (MAX_GPUS_PER_HOST - 1) // 2),
