@@ -48,7 +48,8 @@ _DESCRIPTION = (
     ">= min_bytes, algorithm names registered in this installation, ring-order permutations "
     "of 0..world_size-1, hierarchical dims whose product is the world size, hosts x "
     "ranks_per_host = world_size, the native impl installed in this MPI library, and each "
-    "algorithm's own parameter checks. A profile file is at most 1 MiB.")
+    "algorithm's own parameter checks; and YAML's 1.0 is a float where an integer is meant "
+    "(JSON Schema's integer admits it). A profile file is at most 1 MiB.")
 
 _NULLABLE_FIGURE: dict[str, Any] = {"type": ["number", "null"], "minimum": 0,
                                      "maximum": 1e18}
