@@ -26,11 +26,15 @@ from .algorithms.native import COMPOSITIONS
 from .algorithms.registry import user_algorithm_names
 from .profile import (
     FORMAT,
+    LIBRARY_KEYS,
     MAX_RULE_BYTES,
     MAX_RULES,
     MEASURED_KEYS,
+    NATIVE_KEYS,
     PROFILE_DTYPES,
     PROFILE_OPS,
+    REQUIRED_KEYS,
+    RULE_REQUIRED_KEYS,
     VERSION,
 )
 from .registry import backend_names, transports_for, user_transport_names
@@ -68,7 +72,7 @@ def _params_schema(name: str) -> dict[str, Any]:
 def _rule(algorithms: list[str]) -> dict[str, Any]:
     return {
         "type": "object",
-        "required": ["min_bytes", "max_bytes", "algorithm"],
+        "required": list(RULE_REQUIRED_KEYS),
         "additionalProperties": False,
         "properties": {
             "min_bytes": dict(_BYTES),
@@ -81,7 +85,7 @@ def _rule(algorithms: list[str]) -> dict[str, Any]:
                 "type": "array",
                 "items": {
                     "type": "object",
-                    "required": ["bytes", "impl", "busbw_gbps", "time_us"],
+                    "required": list(NATIVE_KEYS),
                     "additionalProperties": False,
                     "properties": {
                         "bytes": {"type": "integer", "minimum": 0},
@@ -136,7 +140,7 @@ def profile_schema() -> dict[str, Any]:
         "title": f"ringtune profile, version {VERSION}",
         "description": _DESCRIPTION,
         "type": "object",
-        "required": ["format", "version", "topology", "backend", "transport", "rules"],
+        "required": list(REQUIRED_KEYS),
         "additionalProperties": False,
         "properties": {
             "format": {"const": FORMAT},
@@ -171,7 +175,7 @@ def profile_schema() -> dict[str, Any]:
                                "from_world_size": {"type": "integer", "minimum": 1,
                                                    "maximum": MAX_WORLD_SIZE}},
             }},
-            "library": {"type": "object", "required": ["name", "version"],
+            "library": {"type": "object", "required": list(LIBRARY_KEYS),
                         "additionalProperties": False,
                         "properties": {"name": {"type": "string"},
                                        "version": {"type": "string"},

@@ -188,3 +188,28 @@ def test_schema_and_loader_agree_on_generated_cases(validator: Any) -> None:
     assert cases > 300
     assert not disagree, "\n".join(disagree)
     assert used == set(LOADER_ONLY), f"no longer loader-only: {set(LOADER_ONLY) - used}"
+
+
+def test_schema_keys_are_the_loaders_keys() -> None:
+    """Every mapping's keys are declared once (collectives.profile, collectives.shapes) and
+    the schema lists exactly those."""
+    from collectives import profile as cp
+    from collectives.shapes import SECTION_KEYS
+
+    schema = profile_schema()
+    rule = schema["$defs"]["rule"]
+    pairs = [
+        (schema, cp.REQUIRED_KEYS, cp.OPTIONAL_KEYS),
+        (schema["properties"]["topology"], ("world_size",),
+         tuple(k for k in cp.TOPOLOGY_KEYS if k != "world_size")),
+        (rule, cp.RULE_REQUIRED_KEYS, cp.RULE_OPTIONAL_KEYS),
+        (rule["properties"]["native"]["items"], cp.NATIVE_KEYS, cp.NATIVE_OPTIONAL_KEYS),
+        (schema["properties"]["library"], cp.LIBRARY_KEYS, cp.LIBRARY_OPTIONAL_KEYS),
+        (schema["properties"]["shapes"]["items"], ("topology", "rules"),
+         tuple(k for k in SECTION_KEYS if k not in ("topology", "rules"))),
+    ]
+    for sub, required, optional in pairs:
+        assert sorted(sub["required"]) == sorted(required)
+        assert set(sub["properties"]) == set(required) | set(optional)
+        assert sub["additionalProperties"] is False
+    assert set(rule["properties"]["measured"]["properties"]) == set(cp.MEASURED_KEYS)
