@@ -90,8 +90,9 @@ def loader(kind: str) -> Callable[[str], Any]:
     from autotune.cluster import load_cluster
     from collectives.profile import load_profile
 
-    return {"profile": load_profile, "topology": probes.load_topology,
-            "cluster": load_cluster}[kind]
+    loaders: dict[str, Callable[[str], Any]] = {
+        "profile": load_profile, "topology": probes.load_topology, "cluster": load_cluster}
+    return loaders[kind]
 
 
 def refuse(kind: str, path: str) -> str | None:
