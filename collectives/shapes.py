@@ -22,8 +22,8 @@ SECTION_KEYS = ("topology", "rules", "source", "from_world_size")
 SOURCES = ("tuned", "predicted")
 #: Most sections in one profile: one per job shape a cluster runs (``MAX_RULES`` bounds each).
 MAX_SHAPES = 64
-#: Largest world size (the same bound as ``collectives.profile.MAX_WORLD_SIZE``, which
-#: imports this module).
+#: Largest world size of a profile (``collectives.profile`` takes it from here): 4 M ranks
+#: is beyond any machine; a larger value is a typing error that would overflow later.
 MAX_WORLD_SIZE = 1 << 22
 
 
