@@ -114,7 +114,7 @@ class Profile:
     section: str = ""
     #: SHA-256 of the file's bytes when it was read from one (``load_profile``), else
     #: ``None``. Equal bytes hold equal content, so ranks that read the same file agree on
-    #: this 40 ms digest and compute the content hash (``sha256``, ~1 s for 10⁵ rules)
+    #: this digest and compute the content hash (``sha256``)
     #: only when their files differ byte for byte (``Communicator`` construction).
     source_digest: str | None = field(default=None, compare=False)
 

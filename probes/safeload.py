@@ -42,9 +42,11 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-#: Largest file read (bytes). A 10⁵-rule profile is ~16 MB.
+#: Largest file read (bytes), for kinds without a cap of their own (a profile has 1 MiB, a
+#: topology 4 MiB, a cluster 1 MiB).
 MAX_BYTES = 32 << 20
-#: Most scalars + collections in one document, aliases expanded (a 10⁵-rule profile: 2.4 M).
+#: Most scalars + collections in one document, aliases expanded (a kind may cap lower:
+#: ``load_file(max_nodes=...)``).
 MAX_NODES = 4_000_000
 #: Deepest nesting of collections (the formats need 5; ``extra`` gets the rest).
 MAX_DEPTH = 32
@@ -284,7 +286,7 @@ class _Builder:
     def run(self, parser: Any) -> Any:
         from yaml import events as ev
 
-        # The loop runs once per event (2.4 M for a 10⁵-rule profile): names are local and
+        # The loop runs once per event (up to MAX_NODES of them): names are local and
         # the common case (a plain scalar seen before) is a dictionary hit.
         scalar_t, alias_t = ev.ScalarEvent, ev.AliasEvent
         seq_t, map_t = ev.SequenceStartEvent, ev.MappingStartEvent
