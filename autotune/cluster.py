@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -35,14 +36,28 @@ _CLUSTER_KEYS = {"name", "description", "ranks", "ranks_per_host", "levels", "me
 _WORKLOAD_KEYS = {"name", "description", "gradient_bytes", "compute_seconds", "overlap",
                   "sources", "notes", "tensor_bytes"}
 
-#: Bounds of the files' figures: the model works on NumPy arrays with one entry per rank
-#: (2^16 ranks: ~0.5 s per configuration); bandwidths, latencies and rates beyond
-#: 10⁻⁶…10⁹ are typing errors that would turn predicted times into 0 or infinity.
-MAX_RANKS = 1 << 16
+#: Bounds of the files' figures. Ranks: the model works on NumPy arrays with one entry per
+#: rank and ranks every grid of the world size, so ``ringtune simulate`` costs grow with
+#: both (CPU time on this 2-core VM: 1,024 ranks 1.7 s, 4,096 2.8 s, 65,536 17 s): 8,192
+#: ranks (1,024 hosts of 8 GPUs) keeps a simulation within seconds. Bandwidths, latencies
+#: and rates beyond 10⁻⁶…10⁹ are typing errors that would turn predicted times into 0 or
+#: infinity.
+MAX_RANKS = 1 << 13
 MAX_LEVELS = 16
 MAX_QUANTITY = 1e9
 MIN_QUANTITY = 1e-6
 MAX_FILE_BYTES = 1 << 20
+
+#: The ``emulate:`` section (``ringtune emulate``, ringtune/emulate/spec.py, which says what
+#: each key does): checked with the rest of the file, so every reader refuses it alike.
+EMULATE_KEYS = ("hostname_prefix", "oversubscribe", "burst_kb", "mtu", "progress")
+PROGRESS_MODES = ("spin", "throttle")
+HOSTNAME_PREFIX = re.compile(r"[a-z][a-z0-9-]{0,40}")
+#: Ethernet's MTU and the range ``mtu`` may take (IPv4's minimum datagram a host must
+#: accept, and the largest a veth carries); the largest token-bucket burst (1 GiB).
+DEFAULT_MTU = 1500
+MTU_RANGE = (576, 65535)
+MAX_BURST_KB = 1 << 20
 
 #: Software cost of posting one message (or one reduction call) when a file gives none:
 #: what a GPU collective library spends per chunk, not a hardware figure.
@@ -99,6 +114,9 @@ class Cluster:
     #: glibc's largest dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit).
     mmap_threshold: int = 32 << 20
     path: str | None = field(default=None, compare=False)
+    #: The file's ``emulate:`` section, checked, every key present (defaults filled).
+    emulate: Mapping[str, Any] = field(default_factory=lambda: check_emulate(None, ""),
+                                       compare=False)
 
     @property
     def ranks(self) -> int:
@@ -236,6 +254,40 @@ def _sources(where: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def check_emulate(value: Any, where: str) -> dict[str, Any]:
+    """The ``emulate:`` section with its defaults filled; ``ValueError`` naming the key
+    (``where``: ``FILE: emulate``) for anything ``ringtune emulate`` could not use."""
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: expected a mapping with keys {', '.join(EMULATE_KEYS)}, "
+                         f"got {_show(value)}")
+    _unknown(f"{where}.", value, set(EMULATE_KEYS))
+    prefix = value.get("hostname_prefix", "host")
+    if not isinstance(prefix, str) or not HOSTNAME_PREFIX.fullmatch(prefix):
+        raise ValueError(f"{where}.hostname_prefix: expected lower-case letters, digits and "
+                         f"'-' starting with a letter (at most 41), got {_show(prefix)}")
+    over = value.get("oversubscribe", False)
+    if not isinstance(over, bool):
+        raise ValueError(f"{where}.oversubscribe: expected true or false, got {_show(over)}")
+    burst_kb = value.get("burst_kb", 0)
+    if (not isinstance(burst_kb, (int, float)) or isinstance(burst_kb, bool)
+            or not math.isfinite(burst_kb) or not 0 <= burst_kb <= MAX_BURST_KB):
+        raise ValueError(f"{where}.burst_kb: expected a number 0..{MAX_BURST_KB} (KiB; 0: the "
+                         f"default), got {_show(burst_kb)}")
+    mtu = value.get("mtu", DEFAULT_MTU)
+    if (not isinstance(mtu, int) or isinstance(mtu, bool)
+            or not MTU_RANGE[0] <= mtu <= MTU_RANGE[1]):
+        raise ValueError(f"{where}.mtu: expected an integer {MTU_RANGE[0]}..{MTU_RANGE[1]} "
+                         f"(bytes; 1500 is Ethernet's, 9000 jumbo frames), got {_show(mtu)}")
+    progress = value.get("progress", "spin")
+    if not isinstance(progress, str) or progress not in PROGRESS_MODES:
+        raise ValueError(f"{where}.progress: expected one of {', '.join(PROGRESS_MODES)} (how "
+                         f"MPICH's ranks wait), got {_show(progress)}")
+    return {"hostname_prefix": prefix, "oversubscribe": over, "burst_kb": burst_kb,
+            "mtu": mtu, "progress": progress}
+
+
 def cluster_from_dict(data: Any, where: str = "cluster") -> Cluster:
     """A validated ``Cluster`` from parsed YAML; ``where`` (the file name) prefixes errors."""
     if not isinstance(data, dict):
@@ -273,6 +325,11 @@ def cluster_from_dict(data: Any, where: str = "cluster") -> Cluster:
             shared=shared,
             source=_text(f"{q}.source", lv.get("source", "")),
         ))
+    if isinstance(data["ranks"], int) and not isinstance(data["ranks"], bool) and \
+            data["ranks"] > MAX_RANKS:
+        raise ValueError(f"{p}ranks: {data['ranks']} ranks; the cost model takes at most "
+                         f"{MAX_RANKS} (1,024 hosts of 8), which keeps `ringtune simulate` "
+                         "within seconds")
     ranks = _positive(f"{p}ranks", data["ranks"], integer=True, most=MAX_RANKS)
     product = math.prod(lv.size for lv in levels)
     if product != ranks:
@@ -295,6 +352,7 @@ def cluster_from_dict(data: Any, where: str = "cluster") -> Cluster:
                                     data.get("overhead_us", DEFAULT_OVERHEAD_US), zero=True)),
         description=_text(f"{p}description", data.get("description", "")),
         sources=_sources(f"{p}sources", data.get("sources")),
+        emulate=check_emulate(data.get("emulate"), f"{p}emulate"),
     )
 
 

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms import get_algorithm
+from collectives.algorithms.multiring import MAX_BLOCK_CHUNKS
 from collectives.algorithms.registry import user_algorithm_names
 from collectives.bench import busbw
 from collectives.orders import derived_cycles
@@ -234,7 +235,9 @@ class Model:
         if d <= 1:
             return np.zeros_like(region)
         seg = region / (d * rings)
-        chunks = np.maximum(1.0, np.ceil(seg / chunk_bytes)) if chunk_bytes else 1.0
+        # As the runtime cuts them: at most MAX_BLOCK_CHUNKS chunks per block, all rings.
+        chunks = np.minimum(np.maximum(1.0, np.ceil(seg / chunk_bytes)),
+                            max(1, MAX_BLOCK_CHUNKS // rings)) if chunk_bytes else 1.0
         t = self.step(self._ring_terms(stride, d, rings), seg)
         # Each ring posts one send and one receive per chunk and step.
         msgs = 2 * self.over * rings * chunks

@@ -1,23 +1,14 @@
-"""How long loading a very large profile takes: 10⁵ rules (issue 14: target < 2 s).
+"""How long loading the largest profile ringtune accepts takes, and refusing a larger one.
 
-    .venv/bin/python benchmarks/bench_load.py [--rules 100000] [--runs 2] [--keep FILE]
+    .venv/bin/python benchmarks/bench_load.py [--rules N] [--runs 2] [--keep FILE]
 
-Writes a profile of ``--rules`` rules with ``dump_profile`` (the example profile's header,
-alternating native / multiring rules, each with a ``measured`` record, as ``ringtune tune``
-writes them) and times, interleaved run by run (a shared machine's drift hits both alike),
-process CPU time of:
-
-- ``event reader``: ``parse_text(fast=False)`` (libyaml's event stream, every value built
-  with the bounds) + ``profile_from_dict`` + ``sha256`` — what loading cost before the
-  table reader;
-- ``load_profile``: ``load_profile`` alone (table reader, validation, the file's byte
-  digest ``source_digest``): what a rank pays, since ranks agree on the byte digest and
-  compute the content hash only when their copies differ byte for byte;
-- ``load + sha256``: ``load_profile`` + the content hash ``Profile.sha256`` (what every
-  rank paid before the byte digest);
-- its parts: ``reader`` (``parse_text``: the table reader and the event reader for the
-  rest), ``validation`` (``profile_from_dict``, the collector paused as ``load_profile``
-  pauses it) and ``sha256`` (``Profile.sha256``).
+Writes a profile of ``--rules`` rules (default ``MAX_RULES``, the cap) with
+``dump_profile`` (the example profile's header, alternating native / multiring rules, each
+with a ``measured`` record, as ``ringtune tune`` writes them) and times, run by run,
+process CPU time of ``load_profile``, ``load + sha256`` and their parts (``reader``:
+``parse_text``; ``validation``: ``profile_from_dict``; ``sha256``), then the refusal of a
+10⁵-rule file (issue 14 once asked 10⁵ rules in < 2 s; issue 25 caps a profile at
+``MAX_RULES`` rules and ``MAX_PROFILE_BYTES`` bytes instead: real profiles have a handful).
 
 Medians of ``--runs``. ``Communicator`` construction per rank on the same file:
 ``mpiexec -n 2 python benchmarks/bench_load.py --communicator FILE``.
@@ -43,7 +34,10 @@ EXAMPLE = HERE / "profiles" / "examples" / "cpu-2core-vm-2ranks.yaml"
 
 
 def write_big(path: str, n: int) -> None:
-    from collectives.profile import write_profile
+    """``n`` rules; over ``MAX_RULES`` the text is written unvalidated (to be refused)."""
+    import yaml
+
+    from collectives.profile import MAX_RULES, write_profile
     from probes.safeload import load_file
 
     base = load_file(EXAMPLE, "profile")
@@ -63,7 +57,10 @@ def write_big(path: str, n: int) -> None:
                             "native_time_us": 1916.82, "speedup": 1.0}
         rules.append(rule)
     base["rules"] = rules
-    write_profile(base, path)
+    if n <= MAX_RULES:
+        write_profile(base, path)
+    else:
+        Path(path).write_text(yaml.safe_dump(base, sort_keys=False))
 
 
 def _cpu(fn: Any) -> float:
@@ -75,15 +72,11 @@ def _cpu(fn: Any) -> float:
 
 def bench(path: str, runs: int) -> dict[str, float]:
     import collectives.algorithms  # noqa: F401 - imported outside the timed part
-    from collectives.profile import load_profile, profile_from_dict
-    from probes.safeload import parse_text, read_bounded
+    from collectives.profile import load_profile
 
-    out: dict[str, list[float]] = {k: [] for k in ("event reader", "load_profile",
-                                                   "load + sha256", "reader", "validation",
-                                                   "sha256")}
+    out: dict[str, list[float]] = {k: [] for k in ("load_profile", "load + sha256", "reader",
+                                                   "validation", "sha256")}
     for _ in range(runs):
-        out["event reader"].append(_cpu(lambda: profile_from_dict(
-            parse_text(read_bounded(path), path, fast=False), path, copy=False).sha256))
         out["load_profile"].append(_cpu(lambda: load_profile(path).source_digest))
         out["load + sha256"].append(_cpu(lambda: load_profile(path).sha256))
         for key, seconds in _parts(path).items():
@@ -92,8 +85,7 @@ def bench(path: str, runs: int) -> dict[str, float]:
 
 
 def _parts(path: str) -> dict[str, float]:
-    """CPU seconds of the parts of ``load_profile`` + ``sha256``, each with the collector
-    as ``load_profile`` leaves it (paused while reading and validating)."""
+    """CPU seconds of the parts of ``load_profile`` + ``sha256``."""
     from collectives.profile import profile_from_dict
     from probes.safeload import parse_text, read_bounded
 
@@ -101,11 +93,7 @@ def _parts(path: str) -> dict[str, float]:
     t0 = time.process_time()
     data = parse_text(read_bounded(path), path)
     t1 = time.process_time()
-    gc.disable()
-    try:
-        prof = profile_from_dict(data, path, copy=False)
-    finally:
-        gc.enable()
+    prof = profile_from_dict(data, path, copy=False)
     t2 = time.process_time()
     assert len(prof.sha256) == 64
     t3 = time.process_time()
@@ -128,9 +116,28 @@ def communicator(path: str) -> None:
     comm.close()
 
 
+def _refusals(path: str, runs: int) -> tuple[float, str]:
+    """Median CPU seconds of refusing ``path``, and the message."""
+    from collectives.profile import ProfileError, load_profile
+
+    spent, message = [], ""
+    for _ in range(runs):
+        t0 = time.process_time()
+        try:
+            load_profile(path)
+        except ProfileError as exc:
+            spent.append(time.process_time() - t0)
+            message = str(exc)
+        else:
+            raise SystemExit(f"{path}: accepted; expected a refusal")
+    return statistics.median(spent), message
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rules", type=int, default=100_000)
+    from collectives.profile import MAX_RULES
+
+    ap.add_argument("--rules", type=int, default=MAX_RULES)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--keep", help="write the profile here (and keep it)")
     ap.add_argument("--communicator", metavar="FILE",
@@ -144,12 +151,16 @@ def main() -> int:
         write_big(path, args.rules)
         size = Path(path).stat().st_size
         res = bench(path, args.runs)
+        huge = str(Path(tmp) / "huge.yaml")
+        write_big(huge, 100_000)
+        huge_mb = Path(huge).stat().st_size / 1e6
+        refused, message = _refusals(huge, args.runs)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"{args.rules} rules, {size / 1e6:.1f} MB, CPU s (median of {args.runs}; load "
           f"average {load}):")
     for k, v in res.items():
         print(f"  {k:13s} {v:6.2f}")
-    print(f"  ratio        {res['event reader'] / res['load + sha256']:6.2f}x")
+    print(f"10⁵ rules ({huge_mb:.1f} MB) refused in {refused:.3f} s CPU: {message}")
     return 0
 
 

@@ -11,7 +11,6 @@ Schema in ``profiles/schema/`` describes the same shape for editors and CI.
 from __future__ import annotations
 
 import bisect
-import gc
 import hashlib
 import json
 import math
@@ -23,12 +22,11 @@ from typing import Any
 
 from .atomic import write_text_atomic
 from .errors import ProfileError
+from .shapes import MAX_WORLD_SIZE
 
 FORMAT = "ringtune-profile"
 VERSION = 1
 
-BACKENDS = ("numpy", "cupy")
-TRANSPORT_NAMES = ("mpi", "staged", "nccl")
 PROFILE_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 PROFILE_OPS = ("sum", "prod", "min", "max", "avg")
 
@@ -52,11 +50,15 @@ LIBRARY_KEYS = ("name", "version")
 LIBRARY_OPTIONAL_KEYS = ("nccl",)
 MEASURED_KEYS = ("bytes", "busbw_gbps", "time_us", "native_busbw_gbps", "native_time_us",
                  "algbw_gbps", "speedup")
-FINGERPRINT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
 #: Range bounds: a world of 4 M ranks and messages of 4 EiB are beyond any machine; larger
 #: values are typing errors that would overflow later (in plans, in NumPy sizes).
-MAX_WORLD_SIZE = 1 << 22
 MAX_RULE_BYTES = 1 << 62
+#: Size caps of a profile, checked before anything in it is converted: a tuned profile has
+#: a handful of rules (one per size range where the winner changes), so these leave room
+#: for hand-made tables and keep loading and refusing well under a second.
+MAX_PROFILE_BYTES = 1 << 20
+MAX_RULES = 1024
 #: Largest figure under ``measured`` (GB/s, µs, ratios): finite and readable back.
 MAX_MEASURED = 1e18
 #: What ``tuning`` and ``extra`` may hold: the plain YAML/JSON types (a set would make the
@@ -112,7 +114,7 @@ class Profile:
     section: str = ""
     #: SHA-256 of the file's bytes when it was read from one (``load_profile``), else
     #: ``None``. Equal bytes hold equal content, so ranks that read the same file agree on
-    #: this 40 ms digest and compute the content hash (``sha256``, ~1 s for 10⁵ rules)
+    #: this digest and compute the content hash (``sha256``)
     #: only when their files differ byte for byte (``Communicator`` construction).
     source_digest: str | None = field(default=None, compare=False)
 
@@ -196,25 +198,18 @@ def load_profile(path: str | os.PathLike[str], world_size: int | None = None,
 
     name = os.fspath(path)
     try:
-        text = read_bounded(name, "profile", missing="no such profile file; check the path, "
-                            "or create one with `ringtune tune --out FILE`")
+        text = read_bounded(name, "profile", max_bytes=MAX_PROFILE_BYTES,
+                            missing="no such profile file; check the path, or create one "
+                                    "with `ringtune tune --out FILE`")
         data = parse_text(text, name)
         check_kind(data, "profile", name)
     except InputError as exc:
         raise ProfileError(str(exc)) from None
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-    # The collector paused, as while parsing: the 10⁵ rules' objects are all kept, and
-    # scanning them again and again as they are made cost a third of the validation.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        prof = profile_from_dict(data, name, world_size=world_size,
-                                 section_for=section_for, copy=False)
-        # A section of a several-shape file: the section is part of what ranks agree on.
-        return replace(prof, source_digest=f"{digest}:{prof.section}")
-    finally:
-        if enabled:
-            gc.enable()
+    prof = profile_from_dict(data, name, world_size=world_size, section_for=section_for,
+                             copy=False)
+    # A section of a several-shape file: the section is part of what ranks agree on.
+    return replace(prof, source_digest=f"{digest}:{prof.section}")
 
 
 def profile_from_dict(data: Any, name: str = "<profile>",
@@ -246,7 +241,7 @@ def profile_from_dict(data: Any, name: str = "<profile>",
         v.fail("format", f"expected {FORMAT!r}, got {data['format']!r}: not a ringtune "
                          "profile")
     version = data["version"]
-    if version != VERSION or isinstance(version, bool):
+    if type(version) is not int or version != VERSION:
         v.fail("version", f"expected {VERSION}, got {version!r}: this ringtune reads profile "
                           f"version {VERSION} only; re-tune or upgrade ringtune")
     if "created" in data:
@@ -264,13 +259,18 @@ def profile_from_dict(data: Any, name: str = "<profile>",
     fingerprint = None
     if "fingerprint" in topo and topo["fingerprint"] is not None:
         fp = topo["fingerprint"]
-        if not isinstance(fp, str) or not FINGERPRINT_RE.match(fp):
+        if not isinstance(fp, str) or not FINGERPRINT_RE.fullmatch(fp):
             v.fail("topology.fingerprint", f"expected 'sha256:' and 64 lower-case hex digits, "
                                            f"got {fp!r}")
         fingerprint = fp
     for key in ("hosts", "ranks_per_host"):
         if key in topo:
             v.integer(topo[key], f"topology.{key}", 1, ws)
+    if "hosts" in topo and "ranks_per_host" in topo and \
+            topo["hosts"] * topo["ranks_per_host"] != ws:
+        v.fail("topology.ranks_per_host", f"{topo['hosts']} hosts x {topo['ranks_per_host']} "
+               f"ranks per host is not the world size {ws}; give the job's real shape (or "
+               "leave hosts and ranks_per_host out)")
     if "summary" in topo:
         v.string(topo["summary"], "topology.summary")
     if world_size is None and "shapes" in data:
@@ -281,11 +281,14 @@ def profile_from_dict(data: Any, name: str = "<profile>",
         v.fail("topology.world_size",
                f"profile was tuned for {ws} ranks, this world has {world_size}; tune this "
                f"world size with `ringtune tune -np {world_size}` or run with {ws} ranks")
-    backend = v.choice(data["backend"], "backend", BACKENDS)
-    transport = v.choice(data["transport"], "transport", TRANSPORT_NAMES)
+    from .registry import backend_names, transport_names
+
+    backend = v.choice(data["backend"], "backend", backend_names())
+    transport = v.choice(data["transport"], "transport", transport_names())
+    _check_transport(v, transport, backend, "transport")
     dtype = v.choice(data.get("dtype", "float32"), "dtype", PROFILE_DTYPES)
     op = v.choice(data.get("op", "sum"), "op", PROFILE_OPS)
-    rules = _rules(v, data["rules"], ws)
+    rules = _rules(v, data["rules"], ws, backend)
     if "library" in data:
         _library(v, data["library"])
     if "tuning" in data:
@@ -305,29 +308,27 @@ def profile_from_dict(data: Any, name: str = "<profile>",
                    section=section)
 
 
-def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
+def _rules(v: _Validator, value: Any, world_size: int, backend: str) -> tuple[Rule, ...]:
+    """The rules of a profile, each checked as the runtime will use it: sorted, contiguous
+    ranges, a registered algorithm whose own checks pass its params for this world size, and
+    a transport that moves this profile's buffers."""
     from .algorithms import algorithm_names, get_algorithm
+    from .registry import transport_names
 
     if not isinstance(value, list):
-        v.fail("rules", f"expected a list of rules, got {type(value).__name__}")
+        v.fail("rules", f"expected a list of rules, got {_show(value)}")
     if not value:
         v.fail("rules", "expected at least one rule (min_bytes: 0, max_bytes: null covers "
                         "every size)")
+    # Before any rule is looked at: the cost of what follows is bounded by the count.
+    if len(value) > MAX_RULES:
+        v.fail("rules", f"{len(value)} rules; at most {MAX_RULES} (a tuned profile has one "
+                        "per size range where the best algorithm changes); merge ranges "
+                        "that run the same algorithm")
+    names = algorithm_names()
     out: list[Rule] = []
-    #: ``_params_key`` of every (algorithm, params) that passed its algorithm's checks; a
-    #: later rule with the same params may take the fast path (``_fast_rule``).
-    checked_params: set[Any] = set()
-    names = frozenset(algorithm_names())
     prev_max: int | None = -1
     for i, item in enumerate(value):
-        # Most rules of a large table pass every check below; ``_fast_rule`` makes the same
-        # checks with exact types and no messages. It leaves any doubt to the checks below,
-        # which name the problem.
-        fast = _fast_rule(item, prev_max, names, checked_params)
-        if fast is not None:
-            out.append(fast)
-            prev_max = fast.max_bytes
-            continue
         where = f"rules[{i}]"
         rule = v.mapping(item, where)
         v.keys(rule, where, RULE_REQUIRED_KEYS, RULE_OPTIONAL_KEYS)
@@ -351,26 +352,28 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
                        f"rule; start at {prev_max + 1}")
         prev_max = hi
         algo = rule["algorithm"]
-        if not isinstance(algo, str) or algo not in algorithm_names():
-            v.fail(f"{where}.algorithm", f"unknown algorithm {algo!r}: use one of "
-                                         f"{', '.join(algorithm_names())}")
-        params = dict(v.mapping(rule.get("params", {}) or {}, f"{where}.params"))
+        if not isinstance(algo, str) or algo not in names:
+            v.fail(f"{where}.algorithm", f"unknown algorithm {_show(algo)}: use one of "
+                                         f"{', '.join(names)}")
+        # ``params`` absent means none; when present it is a mapping (not null, not a list).
+        params = dict(v.mapping(rule["params"], f"{where}.params")) if "params" in rule \
+            else {}
         rtrans = rule.get("transport")
         if "transport" in params:
             # A rule may name its transport inside params too (docs/design.md); one place only.
             if rtrans is not None and rtrans != params["transport"]:
-                v.fail(f"{where}.params.transport", f"{params['transport']!r} contradicts "
-                       f"{where}.transport {rtrans!r}; give the transport once")
+                v.fail(f"{where}.params.transport", f"{_show(params['transport'])} "
+                       f"contradicts {where}.transport {_show(rtrans)}; give the transport "
+                       "once")
             rtrans = params.pop("transport")
-        if rtrans is not None:
-            v.choice(rtrans, f"{where}.transport", TRANSPORT_NAMES)
-        # A large table repeats a few (algorithm, params): each is checked once.
-        seen_key = _params_key(algo, params)
+            tkey = f"{where}.params.transport"
+        else:
+            tkey = f"{where}.transport"
+        if rtrans is not None or "transport" in rule:
+            rtrans = v.choice(rtrans, tkey, transport_names())
+            _check_transport(v, rtrans, backend, tkey)
         try:
-            if seen_key is None or seen_key not in checked_params:
-                get_algorithm(algo).check_params(params, world_size)
-                if seen_key is not None:
-                    checked_params.add(seen_key)
+            get_algorithm(algo).check_params(params, world_size)
         except ValueError as exc:
             msg = str(exc)
             head = msg.split(":", 1)[0]
@@ -378,7 +381,7 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
                 v.fail(f"{where}.params.{head}", msg.split(":", 1)[1].strip())
             v.fail(f"{where}.params", msg)
         measured = None
-        if rule.get("measured") is not None:
+        if "measured" in rule and rule["measured"] is not None:
             m = v.mapping(rule["measured"], f"{where}.measured")
             for key, val in m.items():
                 if key not in MEASURED_KEYS:
@@ -390,7 +393,7 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
                         val, (int, float)) or not 0 <= val <= MAX_MEASURED):
                     v.fail(f"{where}.measured.{key}", f"expected a number ≥ 0, got {val!r}")
             measured = dict(m)
-        if rule.get("native") is not None:
+        if "native" in rule and rule["native"] is not None:
             _native_entries(v, rule["native"], f"{where}.native")
         # Keep the params as written (defaults are filled at plan time), but validated.
         out.append(Rule(lo, hi, algo, params, rtrans, measured))
@@ -400,98 +403,15 @@ def _rules(v: _Validator, value: Any, world_size: int) -> tuple[Rule, ...]:
     return tuple(out)
 
 
-_RULE_KEYS = frozenset(RULE_REQUIRED_KEYS + RULE_OPTIONAL_KEYS)
-_RULE_REQUIRED = frozenset(RULE_REQUIRED_KEYS)
-_MEASURED_KEYS = frozenset(MEASURED_KEYS)
+def _check_transport(v: _Validator, transport: str, backend: str, key: str) -> None:
+    """Refuse a transport that cannot move this profile's buffers (``backend: numpy`` with a
+    GPU transport): the registry says which buffers each transport moves."""
+    from .registry import transport_refusal
 
-
-def _fast_rule(item: Any, prev_max: int | None, names: frozenset[str],
-               checked: set[Any]) -> Rule | None:
-    """The ``Rule`` of ``item`` when it passes every check of ``_rules`` in the common case:
-    a ``dict`` with exact ``int``/``float``/``str`` values, starting right after
-    ``prev_max``, params (without ``transport``) already checked (``checked``), no
-    ``native`` list; else ``None`` (``_rules`` then checks it and names the problem). It
-    accepts nothing the full checks refuse, and builds the same ``Rule``."""
-    if type(item) is not dict or not item.keys() <= _RULE_KEYS or not \
-            _RULE_REQUIRED <= item.keys() or type(prev_max) is not int:
-        return None
-    lo, hi, algo = item["min_bytes"], item["max_bytes"], item["algorithm"]
-    if type(lo) is not int or lo != prev_max + 1 or lo > MAX_RULE_BYTES or not (
-            hi is None or type(hi) is int and lo <= hi <= MAX_RULE_BYTES) or \
-            type(algo) is not str or algo not in names:
-        return None
-    p = item.get("params")
-    if p is None:
-        params: dict[str, Any] = {}
-    elif type(p) is dict:
-        params = dict(p)
-    else:
-        return None
-    # A transport among the params is checked against the rule's by the full path.
-    if "transport" in params or _params_key(algo, params) not in checked:
-        return None
-    rtrans = item.get("transport")
-    if rtrans is not None and (type(rtrans) is not str or rtrans not in TRANSPORT_NAMES):
-        return None
-    m = item.get("measured")
-    if m is not None:
-        if type(m) is not dict or not m.keys() <= _MEASURED_KEYS:
-            return None
-        for val in m.values():
-            t = type(val)
-            if t is float or t is int:
-                if not 0 <= val <= MAX_MEASURED:  # also refuses NaN
-                    return None
-            elif val is not None:
-                return None
-        if type(m.get("bytes", 0)) is not int:
-            return None  # (MAX_MEASURED < MAX_RULE_BYTES: the range is checked above)
-        m = dict(m)
-    if item.get("native") is not None:
-        return None
-    # ``Rule(...)`` made the way its frozen __init__ makes it (it sets the same six fields
-    # through object.__setattr__, at twice the cost: a fifth of the fast path).
-    rule = _new(Rule)
-    rule.__dict__.update(min_bytes=lo, max_bytes=hi, algorithm=algo, params=params,
-                         transport=rtrans, measured=m)
-    return rule
-
-
-_new = object.__new__
-
-
-def _params_key(algo: str, params: Mapping[str, Any]) -> Any:
-    """A hashable stand-in for (algorithm, params) whose equality implies the same check
-    result: types are part of it (``1``, ``1.0`` and ``true`` are equal in Python but not
-    to the checks); ``None`` for params too nested to key (they are checked every time).
-    Both paths of ``_rules`` look params up by it."""
-    if not params:
-        return algo
-    flat = tuple(params.items())
-    try:
-        hash(flat)
-    except TypeError:
-        pass  # a list among the values: keyed element by element below
-    else:
-        # The common case, at C speed. (Keys need no types: only text equals text, and
-        # the full checks saw text keys.)
-        return algo, flat, tuple(map(type, params.values()))
-    items = []
-    for k, x in params.items():
-        if type(x) is list:
-            if any(type(y) in (list, dict) for y in x):
-                return None
-            items.append((k, list, tuple((type(y), y) for y in x)))
-        elif type(x) is dict:
-            return None
-        else:
-            items.append((k, type(x), x))
-    try:
-        key = (algo, tuple(items))
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    refusal = transport_refusal(transport, backend)
+    if refusal is not None:
+        v.fail(key, f"{refusal} (this profile's backend is {backend}); change {key} or "
+                    "backend")
 
 
 def _library(v: _Validator, value: Any) -> None:

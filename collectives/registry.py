@@ -38,6 +38,10 @@ _log = logging.getLogger(__name__)
 _LOADERS: dict[str, BackendLoader] = {}
 _BACKENDS: dict[str, Backend] = {}
 _TRANSPORTS: dict[str, TransportFactory] = {}
+#: transport -> the backends whose buffers it moves (absent: every backend's).
+_TRANSPORT_BACKENDS: dict[str, tuple[str, ...]] = {}
+#: Transports registered by tests only (left out of the JSON Schema and of docs).
+_TEST_ONLY: set[str] = set()
 _plugins_loaded = False
 
 
@@ -46,9 +50,24 @@ def register_backend(name: str, loader: BackendLoader) -> None:
     _LOADERS[name] = loader
 
 
-def register_transport(name: str, factory: TransportFactory) -> None:
-    """Make transport ``name`` available (names list in registration order)."""
+def register_transport(name: str, factory: TransportFactory,
+                       backends: tuple[str, ...] | None = None,
+                       test_only: bool = False) -> None:
+    """Make transport ``name`` available (names list in registration order). ``backends``:
+    the backends whose buffers it moves when not every backend's (the GPU transports:
+    ``("cupy",)``); profile loaders ask ``transport_refusal`` with it, so a profile that
+    names a transport its buffers cannot use is refused when it is read, not at its first
+    allreduce. ``test_only``: a test's stand-in (the in-process ``inproc``), left out of
+    ``user_transport_names`` and so of the JSON Schema."""
     _TRANSPORTS[name] = factory
+    if test_only:
+        _TEST_ONLY.add(name)
+    else:
+        _TEST_ONLY.discard(name)
+    if backends is None:
+        _TRANSPORT_BACKENDS.pop(name, None)
+    else:
+        _TRANSPORT_BACKENDS[name] = tuple(backends)
 
 
 def load_plugins() -> None:
@@ -74,6 +93,33 @@ def transport_names() -> list[str]:
     """Every registered transport name, built-in first."""
     load_plugins()
     return list(_TRANSPORTS)
+
+
+def user_transport_names() -> list[str]:
+    """The registered transports that are not test-only (what the JSON Schema lists)."""
+    return [t for t in transport_names() if t not in _TEST_ONLY]
+
+
+def transports_for(backend: str) -> list[str]:
+    """The registered transports that move ``backend``'s buffers, built-in first."""
+    return [t for t in transport_names()
+            if backend in _TRANSPORT_BACKENDS.get(t, (backend,))]
+
+
+def transport_refusal(transport: str, backend: str) -> str | None:
+    """Why transport ``transport`` cannot move backend ``backend``'s buffers (one phrase
+    naming the fix), or ``None`` when it can. Needs neither the backend's library nor a
+    device: a loader asks it for any profile on any machine."""
+    names = transport_names()
+    if transport not in names:
+        return f"unknown transport {transport!r}: use one of {', '.join(names)}"
+    if backend not in backend_names():
+        return f"unknown backend {backend!r}: use one of {', '.join(backend_names())}"
+    served = _TRANSPORT_BACKENDS.get(transport)
+    if served is not None and backend not in served:
+        return (f"transport {transport!r} moves {' and '.join(served)} buffers only, not "
+                f"{backend} ones; {backend} buffers use {' or '.join(transports_for(backend))}")
+    return None
 
 
 def get_backend(name: str) -> Backend:

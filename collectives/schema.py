@@ -25,13 +25,20 @@ from .algorithms import get_algorithm
 from .algorithms.native import COMPOSITIONS
 from .algorithms.registry import user_algorithm_names
 from .profile import (
-    BACKENDS,
     FORMAT,
+    LIBRARY_KEYS,
+    MAX_RULE_BYTES,
+    MAX_RULES,
+    MEASURED_KEYS,
+    NATIVE_KEYS,
     PROFILE_DTYPES,
     PROFILE_OPS,
-    TRANSPORT_NAMES,
+    REQUIRED_KEYS,
+    RULE_REQUIRED_KEYS,
     VERSION,
 )
+from .registry import backend_names, transports_for, user_transport_names
+from .shapes import MAX_SHAPES, MAX_WORLD_SIZE
 
 #: Where the checked-in schema lives, from the repository root.
 SCHEMA_FILE = os.path.join("profiles", "schema", "profile-v1.schema.json")
@@ -43,12 +50,14 @@ _DESCRIPTION = (
     "addition, what a schema cannot express: rules sorted and contiguous (rules[i].min_bytes "
     "= rules[i-1].max_bytes + 1), only the last rule open-ended (max_bytes null), max_bytes "
     ">= min_bytes, algorithm names registered in this installation, ring-order permutations "
-    "of 0..world_size-1, hierarchical dims whose product is the world size, and each "
-    "algorithm's own parameter checks.")
+    "of 0..world_size-1, hierarchical dims whose product is the world size, hosts x "
+    "ranks_per_host = world_size, the native impl installed in this MPI library, and each "
+    "algorithm's own parameter checks; and YAML's 1.0 is a float where an integer is meant "
+    "(JSON Schema's integer admits it). A profile file is at most 1 MiB.")
 
-_NULLABLE_FIGURE: dict[str, Any] = {"type": ["number", "null"], "minimum": 0}
-_MEASURED_KEYS = ("bytes", "busbw_gbps", "time_us", "native_busbw_gbps", "native_time_us",
-                  "algbw_gbps", "speedup")
+_NULLABLE_FIGURE: dict[str, Any] = {"type": ["number", "null"], "minimum": 0,
+                                     "maximum": 1e18}
+_BYTES: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_RULE_BYTES}
 
 
 def _params_schema(name: str) -> dict[str, Any]:
@@ -63,11 +72,12 @@ def _params_schema(name: str) -> dict[str, Any]:
 def _rule(algorithms: list[str]) -> dict[str, Any]:
     return {
         "type": "object",
-        "required": ["min_bytes", "max_bytes", "algorithm"],
+        "required": list(RULE_REQUIRED_KEYS),
         "additionalProperties": False,
         "properties": {
-            "min_bytes": {"type": "integer", "minimum": 0},
-            "max_bytes": {"type": ["integer", "null"], "minimum": 0},
+            "min_bytes": dict(_BYTES),
+            "max_bytes": {"type": ["integer", "null"], "minimum": 0,
+                          "maximum": MAX_RULE_BYTES},
             "algorithm": {"type": "string", "enum": algorithms},
             "params": {"type": "object"},
             "transport": {"$ref": "#/$defs/transport"},
@@ -75,7 +85,7 @@ def _rule(algorithms: list[str]) -> dict[str, Any]:
                 "type": "array",
                 "items": {
                     "type": "object",
-                    "required": ["bytes", "impl", "busbw_gbps", "time_us"],
+                    "required": list(NATIVE_KEYS),
                     "additionalProperties": False,
                     "properties": {
                         "bytes": {"type": "integer", "minimum": 0},
@@ -89,7 +99,9 @@ def _rule(algorithms: list[str]) -> dict[str, Any]:
             "measured": {
                 "type": "object",
                 "additionalProperties": False,
-                "properties": {k: dict(_NULLABLE_FIGURE) for k in _MEASURED_KEYS},
+                "properties": {k: dict(_NULLABLE_FIGURE) if k != "bytes" else
+                               {"type": ["integer", "null"], "minimum": 0,
+                                "maximum": MAX_RULE_BYTES} for k in MEASURED_KEYS},
             },
         },
         # One branch per algorithm: its params as its own params_schema says.
@@ -110,14 +122,15 @@ def profile_schema() -> dict[str, Any]:
         "required": ["world_size"],
         "additionalProperties": False,
         "properties": {
-            "fingerprint": {"type": ["string", "null"], "pattern": "^sha256:[0-9a-f]{64}$"},
-            "world_size": {"type": "integer", "minimum": 1},
-            "hosts": {"type": "integer", "minimum": 1},
-            "ranks_per_host": {"type": "integer", "minimum": 1},
+            "fingerprint": {"type": ["string", "null"], "pattern": "^sha256:[0-9a-f]{64}$",
+                            "maxLength": 71},
+            "world_size": {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE},
+            "hosts": {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE},
+            "ranks_per_host": {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE},
             "summary": {"type": "string"},
         },
     }
-    defs: dict[str, Any] = {"transport": {"enum": list(TRANSPORT_NAMES)},
+    defs: dict[str, Any] = {"transport": {"enum": user_transport_names()},
                             "rule": _rule(algorithms)}
     for name in algorithms:
         defs[f"{name}_params"] = _params_schema(name)
@@ -127,7 +140,7 @@ def profile_schema() -> dict[str, Any]:
         "title": f"ringtune profile, version {VERSION}",
         "description": _DESCRIPTION,
         "type": "object",
-        "required": ["format", "version", "topology", "backend", "transport", "rules"],
+        "required": list(REQUIRED_KEYS),
         "additionalProperties": False,
         "properties": {
             "format": {"const": FORMAT},
@@ -137,11 +150,11 @@ def profile_schema() -> dict[str, Any]:
                      "properties": {"name": {"type": "string"},
                                     "version": {"type": "string"}}},
             "topology": topology,
-            "backend": {"enum": list(BACKENDS)},
+            "backend": {"enum": backend_names()},
             "transport": {"$ref": "#/$defs/transport"},
             "dtype": {"enum": list(PROFILE_DTYPES)},
             "op": {"enum": list(PROFILE_OPS)},
-            "rules": {"type": "array", "minItems": 1,
+            "rules": {"type": "array", "minItems": 1, "maxItems": MAX_RULES,
                       "prefixItems": [{"$ref": "#/$defs/rule",
                                        "properties": {"min_bytes": {"const": 0}}}],
                       "items": {"$ref": "#/$defs/rule"}},
@@ -153,23 +166,38 @@ def profile_schema() -> dict[str, Any]:
                                "measured": {"type": "object"}},
             },
             "tuning": {"type": "object"},
-            "shapes": {"type": "array", "items": {
+            "shapes": {"type": "array", "maxItems": MAX_SHAPES, "items": {
                 "type": "object", "required": ["topology", "rules"],
                 "additionalProperties": False,
                 "properties": {"topology": {"$ref": "#/properties/topology"},
                                "rules": {"$ref": "#/properties/rules"},
                                "source": {"enum": ["tuned", "predicted"]},
-                               "from_world_size": {"type": "integer", "minimum": 1}},
+                               "from_world_size": {"type": "integer", "minimum": 1,
+                                                   "maximum": MAX_WORLD_SIZE}},
             }},
-            "library": {"type": "object", "required": ["name", "version"],
+            "library": {"type": "object", "required": list(LIBRARY_KEYS),
                         "additionalProperties": False,
                         "properties": {"name": {"type": "string"},
                                        "version": {"type": "string"},
                                        "nccl": {"type": "string"}}},
             "extra": {"type": ["object", "null"]},
         },
+        # The transports each backend's buffers can use, wherever a transport is named.
+        "allOf": [_backend_transports(b) for b in backend_names()],
         "$defs": defs,
     }
+
+
+def _backend_transports(backend: str) -> dict[str, Any]:
+    """``backend: B`` → every transport named (top level, rules, a rule's params, the
+    sections' rules) is one that moves B's buffers (``collectives.registry``)."""
+    allowed = {"enum": [t for t in transports_for(backend) if t in user_transport_names()]}
+    rule = {"properties": {"transport": allowed,
+                           "params": {"properties": {"transport": allowed}}}}
+    rules = {"items": rule}
+    return {"if": {"properties": {"backend": {"const": backend}}, "required": ["backend"]},
+            "then": {"properties": {"transport": allowed, "rules": rules,
+                                    "shapes": {"items": {"properties": {"rules": rules}}}}}}
 
 
 def schema_text() -> str:

@@ -20,6 +20,11 @@ from .errors import ProfileError
 
 SECTION_KEYS = ("topology", "rules", "source", "from_world_size")
 SOURCES = ("tuned", "predicted")
+#: Most sections in one profile: one per job shape a cluster runs (``MAX_RULES`` bounds each).
+MAX_SHAPES = 64
+#: Largest world size of a profile (``collectives.profile`` takes it from here): 4 M ranks
+#: is beyond any machine; a larger value is a typing error that would overflow later.
+MAX_WORLD_SIZE = 1 << 22
 
 
 def sections(data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -56,6 +61,9 @@ def check(data: Mapping[str, Any], name: str, validate: Validate) -> None:
     if not isinstance(value, list):
         raise ProfileError(f"{name}: shapes: expected a list of sections, got "
                            f"{type(value).__name__}")
+    if len(value) > MAX_SHAPES:
+        raise ProfileError(f"{name}: shapes: {len(value)} sections; at most {MAX_SHAPES} (one "
+                           "per job shape)")
     seen = {_world(data)}
     for i, sec in enumerate(value):
         where = f"{name}: shapes[{i}]"
@@ -68,10 +76,15 @@ def check(data: Mapping[str, Any], name: str, validate: Validate) -> None:
         if sec.get("source", "tuned") not in SOURCES:
             raise ProfileError(f"{where}.source: expected one of {', '.join(SOURCES)}, got "
                                f"{sec.get('source')!r}")
-        if sec.get("source") == "predicted" and not isinstance(sec.get("from_world_size"),
-                                                                int):
+        if sec.get("source") == "predicted" and "from_world_size" not in sec:
             raise ProfileError(f"{where}.from_world_size: a predicted section names the "
                                "tuned world size it was predicted from (an integer)")
+        if "from_world_size" in sec:
+            src = sec["from_world_size"]
+            if type(src) is not int or not 1 <= src <= MAX_WORLD_SIZE:
+                raise ProfileError(f"{where}.from_world_size: expected the tuned world size "
+                                   f"it was predicted from, an integer 1..{MAX_WORLD_SIZE}, "
+                                   f"got {src!r}")
         try:
             validate(merged(data, sec), f"{where}")
         except ProfileError as exc:

@@ -60,10 +60,11 @@ def load_topology(path: str | os.PathLike[str]) -> Topology:
     """Read a topology file (YAML, or JSON when it ends in ``.json``). Any problem raises
     ``TopologyError`` naming the file and the key."""
     from .safeload import InputError, load_file
+    from .topology import MAX_FILE_BYTES, MAX_FILE_VALUES
 
     name = os.fspath(path)
     try:
-        data = load_file(name, "topology")
+        data = load_file(name, "topology", max_bytes=MAX_FILE_BYTES, max_nodes=MAX_FILE_VALUES)
     except InputError as exc:
         raise TopologyError(str(exc)) from None
     topo = Topology.from_dict(data, source=name)
@@ -101,7 +102,18 @@ def detect(comm: Any = None, measure: bool = False, topology_file: str | None = 
     from . import layout
 
     size = 1 if comm is None else comm.Get_size()
-    file = topology_file or os.environ.get(ENV_TOPOLOGY) or None
+    # An empty path is a mistake (an unset shell variable in `--topology "$F"`), never a
+    # request to detect: only an absent option and an unset variable mean "detect".
+    if topology_file is not None:
+        file: str | None = topology_file
+        if not file:
+            raise TopologyError("--topology: the path is empty; give a topology file, or "
+                                "leave the option out to detect this machine")
+    else:
+        file = os.environ.get(ENV_TOPOLOGY)
+        if file is not None and not file:
+            raise TopologyError(f"{ENV_TOPOLOGY}: set but empty; give a topology file, or "
+                                f"unset {ENV_TOPOLOGY} to detect this machine")
     if file:
         given = _agreed_load(file, comm)
         if given.ranks:

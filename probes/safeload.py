@@ -38,15 +38,15 @@ import json
 import math
 import os
 import re
-from collections import Counter
-from collections.abc import Callable, Sequence
-from itertools import accumulate, chain
-from operator import itemgetter
+import stat
+from collections.abc import Callable
 from typing import Any
 
-#: Largest file read (bytes). A 10⁵-rule profile is ~16 MB.
+#: Largest file read (bytes), for kinds without a cap of their own (a profile has 1 MiB, a
+#: topology 4 MiB, a cluster 1 MiB).
 MAX_BYTES = 32 << 20
-#: Most scalars + collections in one document, aliases expanded (a 10⁵-rule profile: 2.4 M).
+#: Most scalars + collections in one document, aliases expanded (a kind may cap lower:
+#: ``load_file(max_nodes=...)``).
 MAX_NODES = 4_000_000
 #: Deepest nesting of collections (the formats need 5; ``extra`` gets the rest).
 MAX_DEPTH = 32
@@ -73,24 +73,30 @@ def read_bounded(path: str | os.PathLike[str], what: str = "input",
                  max_bytes: int = MAX_BYTES, missing: str | None = None) -> str:
     """The text of ``path`` (UTF-8), refusing before reading it whole when it is larger
     than ``max_bytes``. ``missing``: the message (after ``FILE: ``) for a file that does not
-    exist; default ``cannot read WHAT file: no such file``."""
+    exist; default ``cannot read WHAT file: no such file``.
+
+    Only regular files are read: the path is looked at (``stat``) before it is opened, so a
+    FIFO without a writer, a device or a socket is refused at once instead of blocking or
+    streaming forever; it is opened non-blocking and looked at again, so a file swapped for
+    a FIFO in between cannot block either. An empty path is an error."""
     name = os.fspath(path)
+    if not name:
+        raise InputError(f"<empty path>: no {what} file given (the path is empty); give "
+                         "the file's path")
     try:
-        with open(name, "rb") as fh:
-            try:
-                size = os.fstat(fh.fileno()).st_size
-            except OSError:
-                size = 0
-            if size > max_bytes:
-                raise InputError(f"{name}: {size} bytes is more than a {what} file may have "
-                                 f"({max_bytes} bytes); is this the right file?")
-            # A pipe or device has no size: read one byte past the limit to know.
+        _check_regular(name, os.stat(name).st_mode, what)
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            _check_regular(name, st.st_mode, what)
+            if st.st_size > max_bytes:
+                raise InputError(f"{name}: {st.st_size} bytes is more than a {what} file may "
+                                 f"have ({max_bytes} bytes); is this the right file?")
+            # A file growing while it is read: one byte past the limit tells.
             data = fh.read(max_bytes + 1)
     except FileNotFoundError:
         raise InputError(f"{name}: {missing or f'cannot read {what} file: no such file'}") \
             from None
-    except IsADirectoryError:
-        raise InputError(f"{name}: is a directory, not a {what} file") from None
     except OSError as exc:
         raise InputError(f"{name}: cannot read {what} file: {exc.strerror or exc}") from None
     if len(data) > max_bytes:
@@ -103,17 +109,33 @@ def read_bounded(path: str | os.PathLike[str], what: str = "input",
                          f"{exc.start}") from None
 
 
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _check_regular(name: str, mode: int, what: str) -> None:
+    """``InputError`` unless ``mode`` is a regular file's."""
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise InputError(f"{name}: is a directory, not a {what} file")
+    kind = next((k for test, k in _SPECIAL if test(mode)), "not a regular file")
+    raise InputError(f"{name}: is {kind}, not a regular {what} file; save the {what} to a "
+                     "file and give its path")
+
+
 def load_file(path: str | os.PathLike[str], what: str = "input",
               max_bytes: int = MAX_BYTES, missing: str | None = None,
-              as_json: bool | None = None) -> Any:
+              as_json: bool | None = None, max_nodes: int = MAX_NODES) -> Any:
     """Read and parse ``path`` within the bounds (see the module docstring). ``what`` names
     the kind of file in messages; ``as_json``: parse as JSON (default: when the name ends
-    in ``.json``)."""
+    in ``.json``); ``max_nodes``: a kind's own cap on values (counted while parsing, so a
+    file far over it is refused after reading that many, not all of it)."""
     name = os.fspath(path)
     text = read_bounded(name, what, max_bytes, missing)
     if as_json is None:
         as_json = name.endswith(".json")
-    return parse_json(text, name) if as_json else parse_text(text, name)
+    return parse_json(text, name, max_nodes) if as_json else parse_text(text, name, max_nodes)
 
 
 # -- which kind of file --------------------------------------------------------------------
@@ -162,20 +184,14 @@ def check_kind(data: Any, expected: str, source: str) -> None:
 
 
 def parse_text(text: str, source: str = "<input>", max_nodes: int = MAX_NODES,
-               max_depth: int = MAX_DEPTH, fast: bool = True) -> Any:
+               max_depth: int = MAX_DEPTH) -> Any:
     """Parse one YAML document into plain data within the bounds; ``None`` for an empty
-    document. ``InputError`` naming ``source`` and the line otherwise.
-
-    ``fast``: read a top-level ``rules:`` table written the way ``dump_profile`` writes it
-    with the table reader (``_fast_rules``) instead of the event stream; the result is the
-    same (``fast=False`` is the reference the tests compare with)."""
+    document. ``InputError`` naming ``source`` and the line otherwise. Every file goes
+    through libyaml's event stream (what PyYAML's safe loader parses): what it refuses as
+    YAML is refused here, whatever the file's line endings."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        if fast:
-            spliced = _fast_rules(text, source, max_nodes)
-            if spliced is not None:
-                return spliced
         return _parse_events(text, source, max_nodes, max_depth)
     finally:
         if enabled:
@@ -235,6 +251,7 @@ def _implicit_resolvers() -> dict[str, list[tuple[str, re.Pattern[str]]]]:
 
 
 _RESOLVERS: dict[str, list[tuple[str, re.Pattern[str]]]] | None = None
+_DECIMAL = re.compile(r"-?[0-9]+\.[0-9]+\Z")
 _BOOLS = {"yes": True, "no": False, "true": True, "false": False, "on": True, "off": False}
 
 
@@ -269,7 +286,7 @@ class _Builder:
     def run(self, parser: Any) -> Any:
         from yaml import events as ev
 
-        # The loop runs once per event (2.4 M for a 10⁵-rule profile): names are local and
+        # The loop runs once per event (up to MAX_NODES of them): names are local and
         # the common case (a plain scalar seen before) is a dictionary hit.
         scalar_t, alias_t = ev.ScalarEvent, ev.AliasEvent
         seq_t, map_t = ev.SequenceStartEvent, ev.MappingStartEvent
@@ -377,8 +394,9 @@ class _Builder:
         return value, size, height
 
     def _too_many(self, event: Any) -> None:
-        self.fail(event, f"more than {self.max_nodes} values with aliases expanded; a YAML "
-                         "alias bomb, or not a ringtune file")
+        self.fail(event, f"more than {self.max_nodes} values with aliases expanded (the "
+                         "most this kind of file may hold); a YAML alias bomb, or not the "
+                         "right file")
 
     def _bad_tag(self, event: Any, tag: str) -> None:
         short = tag.replace(_TAG, "!!")
@@ -458,231 +476,6 @@ class _Builder:
             return getattr(self.ctor, method)(ScalarNode(_TAG, value))
         except (ValueError, IndexError):
             self.fail(event, f"{value!r} is not {kind}")
-
-
-# -- the rules table, fast -------------------------------------------------------------------
-
-#: A profile's top-level ``rules:`` table is most of a large profile: 10⁵ rules are 2.4 M YAML
-#: events, and PyYAML turns each event into Python objects (4 s for the events alone here).
-#: But the entries of a tuned table differ from each other in their digits only. So the
-#: table reader (``_read_table``) turns every digit of the table into ``$`` (one C-speed
-#: ``bytes.translate``: same length, same lines, same YAML structure), cuts the table into
-#: its entries (``- `` in column 0), reads each *distinct* entry text, a template (a tuned
-#: table has a handful), once with the event reader of this module, all bounds and checks
-#: included, and builds every entry from its template and the digits at the template's
-#: number positions. A number position is a plain scalar of one of the forms that YAML 1.1
-#: (``yaml.safe_load``) and ``int``/``float`` read alike (``_SLOT_INT``, ``_SLOT_FLOAT``);
-#: any other scalar or key holding a ``$`` (``1e5``, ``.5``, ``1_0``, ``0x1f``, ``ring2``,
-#: quoted or tagged digits) makes the entries of that template be read from their own
-#: text. What the entry-by-entry reading might read differently from the whole-file
-#: reading (aliases, a ``$``, a ``\r`` or a non-ASCII character in the table, an entry
-#: that is not one item, an integer with a leading zero, an error of any kind) makes the
-#: reader give up, and the whole file goes through the general reader, which gives the
-#: message. The numbers' text is read in one ``json.loads``.
-_FAST_HEAD = re.compile(r"^rules:\n", re.M)
-#: (A literal first: the search skips to each line break at C speed; "^" with re.M tries
-#: every position.)
-_FAST_END = re.compile(r"\n[^- ]")
-_DECIMAL = re.compile(r"-?[0-9]+\.[0-9]+\Z")
-#: Stands in for the table while the rest of the file goes through the general reader.
-_FAST_MARK = "ringtune-fast-rules-table-8c1f"
-_DIGITS = bytes.maketrans(b"0123456789", b"$" * 10)
-#: Number positions of a template: an integer of at most 18 digits (so within 64 bits; a
-#: leading zero, octal in YAML 1.1, is refused by ``json.loads`` and the reader gives up);
-#: digits, a dot, digits and maybe an exponent with its sign (``1.0e-05``, as PyYAML writes
-#: it), at most 20 digits before the dot and 2 in the exponent (so always finite).
-_SLOT_INT = re.compile(r"-?\${1,18}\Z")
-_SLOT_FLOAT = re.compile(r"-?\${1,20}\.\$+(?:[eE][-+]\${1,2})?\Z")
-
-
-class _GiveUp(Exception):
-    """The table is not in a shape the table reader reads entry by entry."""
-
-
-class _Slot:
-    """A number position of a template: ``start``/``end`` in the entry's text, and whether
-    it is an integer or a number."""
-
-    __slots__ = ("start", "end", "integer")
-
-    def __init__(self, start: int, end: int, integer: bool) -> None:
-        self.start, self.end, self.integer = start, end, integer
-
-
-class _TemplateBuilder(_Builder):
-    """The event reader for a template: a plain scalar of a number form is a slot; any
-    other scalar with a ``$`` in it is a number the template cannot stand for
-    (``_GiveUp``); so is an alias (it may name an anchor of another entry)."""
-
-    text = ""  # the template being read (to check the positions of the slots)
-
-    def plain(self, event: Any, value: str | None = None) -> Any:
-        text = event.value if value is None else value
-        if "$" not in text:
-            return super().plain(event, value)
-        integer = _SLOT_INT.match(text) is not None
-        if not (integer or _SLOT_FLOAT.match(text)):
-            raise _GiveUp
-        start, end = event.start_mark.index, event.end_mark.index
-        if self.text[start:end] != text:
-            raise _GiveUp  # a scalar over several lines: cannot be of a number form
-        return _Slot(start, end, integer)
-
-    def tagged(self, event: Any) -> Any:
-        if "$" in event.value:
-            raise _GiveUp
-        return super().tagged(event)
-
-    def alias(self, event: Any, depth: int) -> tuple[Any, int, int]:
-        raise _GiveUp
-
-
-def _fast_rules(text: str, source: str, max_nodes: int) -> Any:
-    """``text`` parsed, with its top-level ``rules:`` table read by the table reader; or
-    ``None`` when there is no such table or the table reader gives up (the caller then
-    reads the whole file with the general reader). Same bounds: the table counts towards
-    ``max_nodes``, and its entries are read with the depth they have in the file."""
-    head = _FAST_HEAD.search(text)
-    if head is None or _FAST_MARK in text:
-        return None
-    start = head.end()
-    # The table ends at the first line that starts in column 0 with neither "-" nor a
-    # space (the next top-level key, a comment, a blank line, the document end) or at the
-    # end of text.
-    found = _FAST_END.search(text, start - 1)
-    end = found.start() + 1 if found is not None else len(text)
-    if end == start or text[end - 1] != "\n":
-        return None  # no table, or no final newline: the odd case is the general reader's
-    block = text[start:end]
-    try:
-        rules, nodes = _read_table(block, source, max_nodes)
-    except (_GiveUp, InputError):
-        return None
-    # The rest of the file, with the table replaced by a mark and as many empty lines (line
-    # numbers in messages stay right), through the general reader.
-    rest = f"{text[:head.start()]}rules: {_FAST_MARK}\n{chr(10) * block.count(chr(10))}" \
-           f"{text[end:]}"
-    try:
-        data = _parse_events(rest, source, max_nodes - nodes, MAX_DEPTH, None)
-    except InputError:
-        return None
-    if not isinstance(data, dict) or data.get("rules") != _FAST_MARK:
-        return None
-    data["rules"] = rules
-    return data
-
-
-#: What the table reader knows of a template: how to take its numbers' text out of an
-#: entry (``None``: none to take), and how to build the entry (from the function giving
-#: the numbers in order, the table's bytes and where the entry starts).
-_Recipe = tuple[Callable[[bytes], Sequence[bytes]] | None,
-                Callable[[Callable[[], Any], bytes, int], Any]]
-
-
-def _read_table(block: str, source: str, max_nodes: int) -> tuple[list[Any], int]:
-    """The entries of ``block`` (the table's lines, each ending in a newline) and how many
-    values they hold, the list included; ``_GiveUp`` where the table reader gives up
-    (see above), ``InputError`` where a template or an entry is refused."""
-    # ASCII only: positions in the text are then positions in its bytes, and "\n" and
-    # "\r" are the only line breaks YAML could see ("\x85", "\u2028", "\u2029" are not
-    # ASCII); no "\r" either: then YAML breaks lines exactly where the cutting does.
-    if not block.startswith("- ") or "$" in block or "\r" in block or not block.isascii():
-        raise _GiveUp
-    data = block.encode("ascii")
-    # Each entry's text without its leading "- " and its final newline, and where it
-    # starts in ``data`` (after its "- ").
-    entries = data.translate(_DIGITS)[2:-1].split(b"\n- ")
-    starts = list(accumulate(chain((2,), map((3).__add__, map(len, entries)))))
-    nodes = [1]  # the list; then each entry's values (own-text entries add their own)
-    recipes: dict[bytes, _Recipe] = {}
-    builder = _TemplateBuilder(source, max_nodes, MAX_DEPTH - 1)
-    counts = Counter(entries)
-    if len(counts) > 64 and len(counts) * 4 > len(entries):
-        # Hardly a table of tuned rules (they repeat a few templates): reading and
-        # compiling a template per entry would cost more than the general reader.
-        raise _GiveUp
-    for entry, count in counts.items():
-        recipe, size = _recipe(entry.decode("ascii"), builder, nodes)
-        recipes[entry] = recipe
-        nodes[0] += size * count
-        if nodes[0] > max_nodes:
-            raise _GiveUp  # the general reader says so, naming the line
-    # The numbers' text, entry by entry, read in one go: JSON reads the two forms as YAML
-    # 1.1 does (``int``, ``float``) and refuses a leading zero (octal in YAML 1.1).
-    texts: list[bytes] = []
-    extend = texts.extend
-    for entry, at in zip(entries, starts):
-        numbers = recipes[entry][0]
-        if numbers is not None:
-            extend(numbers(data[at:at + len(entry)]))
-    try:
-        values = json.loads(b"[" + b",".join(texts) + b"]")
-    except ValueError:
-        raise _GiveUp from None
-    take = iter(values).__next__
-    try:
-        rules = [recipes[entry][1](take, data, at) for entry, at in zip(entries, starts)]
-        take()
-    except StopIteration:
-        if nodes[0] > max_nodes:
-            raise _GiveUp from None
-        return rules, nodes[0]
-    raise _GiveUp  # a number left over: cannot happen, each slot takes one
-
-
-def _recipe(entry: str, builder: _TemplateBuilder, nodes: list[int]) -> tuple[_Recipe, int]:
-    """What the table reader needs to build the entries of template ``entry``, and how
-    many values each holds (0: each entry adds its own to ``nodes[0]``)."""
-    text = f"- {entry}\n"
-    builder.text = text
-    try:
-        value, size = _read_entry(text, builder)
-    except _GiveUp:
-        # The template does not stand for its entries (digits in a text, a key, a number
-        # of another form, ...): each entry of it is read from its own text.
-        reader = _Builder(builder.source, builder.max_nodes, builder.max_depth)
-        length = len(entry)
-
-        def own_text(take: Callable[[], Any], data: bytes, at: int) -> Any:
-            got, own = _read_entry(f"- {data[at:at + length].decode('ascii')}\n", reader)
-            nodes[0] += own
-            return got
-
-        return (None, own_text), 0
-    consts: list[Any] = []
-    spans: list[slice] = []
-
-    def expr(x: Any) -> str:
-        if type(x) is _Slot:
-            # Positions in the entry: 2 characters before those in the text read here.
-            spans.append(slice(x.start - 2, x.end - 2))
-            return "n()"
-        if type(x) is dict:
-            return "{" + ",".join(f"{expr(k)}:{expr(v)}" for k, v in x.items()) + "}"
-        if type(x) is list:
-            return "[" + ",".join(expr(v) for v in x) + "]"
-        consts.append(x)  # an immutable scalar: shared, as the event reader shares them
-        return f"c[{len(consts) - 1}]"
-
-    # A display of fresh dicts and lists: Python evaluates it left to right, so the slots
-    # take the numbers in the order of ``spans``. The code names only the constants and
-    # the numbers, never text of the file.
-    code = f"lambda n, s, o, c=c: {expr(value)}"
-    build = eval(code, {"__builtins__": {}, "c": consts})  # noqa: S307
-    if not spans:
-        return (None, build), size
-    if len(spans) == 1:
-        only = spans[0]
-        return (lambda e: (e[only],), build), size
-    return (itemgetter(*spans), build), size
-
-
-def _read_entry(text: str, builder: _Builder) -> tuple[Any, int]:
-    """One entry (``- ...`` and its lines) read alone, and how many values it holds."""
-    got = _parse_events(text, builder.source, builder.max_nodes, builder.max_depth, builder)
-    if type(got) is not list or len(got) != 1:
-        raise _GiveUp  # "-" lines that are not entries of the table
-    return got[0], builder.nodes - 1
 
 
 class _NoKey:

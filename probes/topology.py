@@ -13,9 +13,11 @@ becomes ``None``, a NIC whose speed reads -1 has ``speed_mbps`` ``None``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -480,6 +482,25 @@ def _to_data(obj: Any, name: str = "") -> Any:
 #: ``0-1000000000`` would otherwise expand to a billion numbers.
 MAX_CPUS = 1 << 16
 MAX_INT = (1 << 63) - 1
+#: Size caps of a topology record, checked on the plain data before any entry is converted
+#: (so a refusal costs no more than counting): a world of 8,192 ranks on up to 1,024 hosts,
+#: each with at most 64 GPUs (a DGX has 8-16), 64 NUMA nodes, 256 network ports and 4,096
+#: PCI devices. ``ringtune probe`` prints a GPU matrix per host: with the GPU cap its output
+#: is linear in the hosts. A file is at most ``MAX_FILE_BYTES`` and ``MAX_FILE_VALUES``
+#: values (counted while parsing: a 100,000-rank file is refused partway).
+MAX_RANKS = 1 << 13
+MAX_HOSTS = 1 << 10
+MAX_GPUS_PER_HOST = 64
+MAX_NUMA_NODES = 64
+MAX_NICS = 256
+MAX_PCI_DEVICES = 4096
+MAX_FILE_BYTES = 4 << 20
+MAX_FILE_VALUES = 1 << 17
+#: (key path under a host, cap) checked by ``_check_sizes``.
+_HOST_LISTS = (("gpus", MAX_GPUS_PER_HOST),
+               ("gpu_pairs", MAX_GPUS_PER_HOST * (MAX_GPUS_PER_HOST - 1) // 2),
+               ("numa", MAX_NUMA_NODES), ("nics", MAX_NICS), ("pci", MAX_PCI_DEVICES))
+_FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def _short(value: Any) -> str:
@@ -495,10 +516,14 @@ def _cpu_list(text: str, where: str) -> tuple[int, ...]:
     a malformed part or a CPU number of ``MAX_CPUS`` or more (``parse_cpulist``, which reads
     what the kernel writes, skips malformed parts)."""
     cpus: set[int] = set()
-    for part in text.replace("\n", ",").split(","):
+    body = text.strip()
+    if not body:
+        return ()
+    for part in body.split(","):
         part = part.strip()
         if not part:
-            continue
+            raise TopologyError(f"{where}: {_short(text)} has an empty part; write CPUs as "
+                                "0-3,8 (numbers and ranges, one comma between)")
         lo, sep, hi = part.partition("-")
         try:
             first = int(lo)
@@ -562,12 +587,19 @@ def _convert(tp: Any, value: Any, where: str, name: str) -> Any:
     raise TopologyError(f"{where}: unsupported field type {_type_name(tp)}")
 
 
+@functools.cache
+def _fields(cls: Any) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+    """The resolved field types and the public fields of record class ``cls`` (resolved
+    once per class: ``get_type_hints`` per record made 10⁵ ranks take 24 s)."""
+    hints = typing.get_type_hints(cls)
+    return hints, {f.name: f for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+
+
 def _record(cls: Any, data: Any, where: str) -> Any:
     if not isinstance(data, Mapping):
         raise TopologyError(f"{where or 'top level'}: expected a mapping of keys, got "
                             f"{_short(data)}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+    hints, fields = _fields(cls)
     unknown = [k for k in data if k not in fields]
     if unknown:
         key = f"{where}.{unknown[0]}" if where else str(unknown[0])
@@ -583,6 +615,36 @@ def _record(cls: Any, data: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
+def _check_numa(h: Host, node: int | None, where: str) -> None:
+    """A NUMA node number must be one of the host's nodes, when it lists them."""
+    if node is not None and h.numa and node not in {x.id for x in h.numa}:
+        raise TopologyError(f"{where}: {node} is not a NUMA node of this host (it lists "
+                            f"{', '.join(str(x.id) for x in h.numa)})")
+
+
+def _check_host(h: Host, where: str) -> None:
+    """One host's facts agree with each other: GPU indexes, NUMA nodes, distances."""
+    ids = [x.id for x in h.numa]
+    if len(set(ids)) != len(ids):
+        raise TopologyError(f"{where}.numa: node ids {ids} repeat; each node once")
+    for ni, node in enumerate(h.numa):
+        if node.distances and len(node.distances) != len(h.numa):
+            raise TopologyError(f"{where}.numa[{ni}].distances: {len(node.distances)} "
+                                f"distances, expected one per NUMA node ({len(h.numa)}) or "
+                                "none")
+    seen: set[int] = set()
+    for gi, g in enumerate(h.gpus):
+        if g.index in seen:
+            raise TopologyError(f"{where}.gpus[{gi}].index: {g.index} is listed twice; each "
+                                "GPU once, with its own index")
+        seen.add(g.index)
+        _check_numa(h, g.numa_node, f"{where}.gpus[{gi}].numa_node")
+    for ni, nic in enumerate(h.nics):
+        _check_numa(h, nic.numa_node, f"{where}.nics[{ni}].numa_node")
+    for pi, dev in enumerate(h.pci):
+        _check_numa(h, dev.numa_node, f"{where}.pci[{pi}].numa_node")
+
+
 def _from_dict(data: Any) -> Topology:
     if not isinstance(data, Mapping):
         raise TopologyError(f"top level: expected a mapping with 'hosts', got {_short(data)}")
@@ -591,16 +653,45 @@ def _from_dict(data: Any) -> Topology:
     if fmt != FORMAT:
         raise TopologyError(f"format: expected {FORMAT!r}, got {_short(fmt)}")
     version = data.pop("version", VERSION)
-    if version != VERSION or isinstance(version, bool):
+    if type(version) is not int or version != VERSION:
         raise TopologyError(f"version: expected {VERSION}, got {_short(version)} (this ringtune "
                             f"reads version {VERSION})")
-    data.pop("fingerprint", None)  # derived: recomputed from the facts
-    data.pop("summary", None)
+    # Derived facts, recomputed from the others; what a file says of them is still checked.
+    fp = data.pop("fingerprint", None)
+    if fp is not None and not (isinstance(fp, str) and _FINGERPRINT_RE.fullmatch(fp)):
+        raise TopologyError(f"fingerprint: expected 'sha256:' and 64 lower-case hex digits "
+                            f"(or leave it out: it is recomputed), got {_short(fp)}")
+    summary = data.pop("summary", None)
+    if summary is not None and not isinstance(summary, str):
+        raise TopologyError(f"summary: expected a string (or leave it out: it is "
+                            f"recomputed), got {_short(summary)}")
     if "hosts" not in data:
         raise TopologyError("hosts: missing (required; a list with one entry per host)")
+    _check_sizes(data)
     topo = _record(Topology, data, "")
     _check(topo)
     return typing.cast(Topology, topo)
+
+
+def _check_sizes(data: Mapping[str, Any]) -> None:
+    """The size caps (``MAX_RANKS`` …), on the plain data before anything is converted."""
+
+    def count(value: Any, key: str, cap: int, what: str) -> None:
+        if isinstance(value, list) and len(value) > cap:
+            raise TopologyError(f"{key}: {len(value)} {what}; at most {cap} (is this the "
+                                "right file?)")
+
+    hosts = data.get("hosts")
+    count(hosts, "hosts", MAX_HOSTS, "hosts")
+    count(data.get("ranks"), "ranks", MAX_RANKS, "ranks")
+    for hi, h in enumerate(hosts if isinstance(hosts, list) else ()):
+        if isinstance(h, Mapping):
+            for key, cap in _HOST_LISTS:
+                count(h.get(key), f"hosts[{hi}].{key}", cap, "entries")
+    links = data.get("links")
+    if isinstance(links, Mapping):
+        for key in ("bandwidth_gbps", "latency_us", "concurrent_gbps"):
+            count(links.get(key), f"links.{key}", MAX_RANKS, "rows")
 
 
 def _check(t: Topology) -> None:
@@ -609,6 +700,8 @@ def _check(t: Topology) -> None:
         raise TopologyError("hosts: empty (give at least one host)")
     for hi, h in enumerate(t.hosts):
         n = len(h.gpus)
+        where = f"hosts[{hi}]"
+        _check_host(h, where)
         for pi, p in enumerate(h.gpu_pairs):
             if not (0 <= p.a < n and 0 <= p.b < n and p.a != p.b):
                 raise TopologyError(f"hosts[{hi}].gpu_pairs[{pi}]: GPUs {p.a},{p.b} are not "
@@ -631,6 +724,18 @@ def _check(t: Topology) -> None:
         if place.gpu is not None and not 0 <= place.gpu < ngpu:
             raise TopologyError(f"ranks[{i}].gpu: {place.gpu} is not a GPU of host {place.host} "
                                 f"(it lists {ngpu})")
+        _check_numa(t.hosts[place.host], place.numa_node, f"ranks[{i}].numa_node")
+    counts = t.ranks_per_host()
+    seen: set[tuple[int, int]] = set()
+    for i, place in enumerate(t.ranks):
+        if place.local_rank >= counts[place.host]:
+            raise TopologyError(f"ranks[{i}].local_rank: {place.local_rank}, but host "
+                                f"{place.host} has {counts[place.host]} ranks (local ranks "
+                                f"0..{counts[place.host] - 1})")
+        if (place.host, place.local_rank) in seen:
+            raise TopologyError(f"ranks[{i}].local_rank: {place.local_rank} is already "
+                                f"another rank's on host {place.host}; local ranks differ")
+        seen.add((place.host, place.local_rank))
     if t.links is not None:
         n = len(t.ranks)
         for key in ("bandwidth_gbps", "latency_us"):

@@ -399,7 +399,7 @@ def register() -> None:
     from collectives.registry import register_transport, transport_names
 
     if "inproc" not in transport_names():
-        register_transport("inproc", make_inproc_transport)
+        register_transport("inproc", make_inproc_transport, test_only=True)
 
 
 @functools.cache

@@ -25,6 +25,15 @@ from .registry import register
 from .steps import TAG_STRIDE, Steps, run_blocking
 
 MAX_RINGS = 16
+#: ``chunk_bytes`` range: 0 (whole segment) or a power of two up to 1 TiB (larger behaves as
+#: 0 on any real buffer; the bound keeps sizes within what NumPy and the plans handle).
+MAX_CHUNK_BYTES = 1 << 40
+#: Most chunks one rank's block is cut into per step, all rings together. A chunk is at
+#: least ``block / MAX_BLOCK_CHUNKS`` (and one element), whatever ``chunk_bytes`` says:
+#: each chunk costs a send, a receive and bookkeeping, so this keeps an allreduce's time and
+#: memory proportional to its message (``chunk_bytes: 1`` on 300,000 float32 once made 10⁶
+#: messages, 11-56 s and 800 MB) while tiny chunks still pipeline small messages.
+MAX_BLOCK_CHUNKS = 1024
 #: Ring counts and chunk sizes the cost model ranks (``model_space``): a coarse subset of
 #: the searched ones (``chunk_choices``; 0 = whole segment), since the model ranks whole
 #: families of configurations one array of sizes at a time.
@@ -34,8 +43,10 @@ MODEL_CHUNKS: tuple[int, ...] = (0, 1 << 18, 1 << 20, 1 << 22)
 #: JSON Schema fragments of the parameters (``hierarchical`` shares them).
 RINGS_SCHEMA: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": MAX_RINGS}
 CHUNK_BYTES_SCHEMA: dict[str, Any] = {
-    "description": "0 (whole segment) or a power of two",
-    "enum": [0] + [1 << k for k in range(41)]}
+    "description": "0 (whole segment) or a power of two up to 2^40; a chunk is at least "
+                   f"one element and 1/{MAX_BLOCK_CHUNKS} of a rank's block (all rings "
+                   "together), so a small value costs at most that many messages per step",
+    "enum": [0] + [1 << k for k in range(MAX_CHUNK_BYTES.bit_length())]}
 ORDER_SCHEMA: dict[str, Any] = {"anyOf": [
     {"enum": ["topology", "identity"]},
     {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
@@ -66,22 +77,43 @@ def check_rings(value: Any) -> int:
     return value
 
 
-def chunk_choices(segment_bytes: int) -> list[int]:
+def chunk_choices(segment_bytes: int, block_bytes: int | None = None) -> list[int]:
     """The ``chunk_bytes`` values worth searching for a segment of ``segment_bytes``: 0
     (the whole segment) and the powers of two from 16 KiB up to 64 MiB that are smaller than
-    the segment (a larger chunk behaves as 0)."""
-    return [0] + [1 << k for k in range(14, 27) if (1 << k) < segment_bytes]
+    the segment (a larger chunk behaves as 0) and not below the smallest chunk a block of
+    ``block_bytes`` (default: the segment) is cut into (``min_chunk_bytes``: a smaller one
+    behaves as that one)."""
+    floor = min_chunk_bytes(segment_bytes if block_bytes is None else block_bytes, 1)
+    return [0] + [1 << k for k in range(14, 27)
+                  if floor <= (1 << k) < segment_bytes]
+
+
+def min_chunk_bytes(block_bytes: int, itemsize: int) -> int:
+    """The smallest chunk a block of ``block_bytes`` is cut into: one element, and
+    ``1/MAX_BLOCK_CHUNKS`` of the block."""
+    return max(itemsize, -(-block_bytes // MAX_BLOCK_CHUNKS))
+
+
+def chunk_elements(chunk_bytes: int, itemsize: int, block: int, rings: int) -> int:
+    """Elements per chunk of a ring's piece: ``chunk_bytes`` (0: the whole piece), at least
+    one element and ``block / MAX_BLOCK_CHUNKS`` elements (``block``: the largest rank's
+    block in elements, all ``rings`` together)."""
+    piece = -(-block // rings)
+    if not chunk_bytes:
+        return max(1, piece)
+    return max(1, chunk_bytes // itemsize, -(-block // MAX_BLOCK_CHUNKS))
 
 
 def check_chunk_bytes(value: Any) -> int:
     if (
         not isinstance(value, int)
         or isinstance(value, bool)
-        or value < 0
+        or not 0 <= value <= MAX_CHUNK_BYTES
         or (value and value & (value - 1))
     ):
         raise ValueError(
-            f"chunk_bytes: expected 0 (whole segment) or a power of two, got {value!r}"
+            f"chunk_bytes: expected 0 (whole segment) or a power of two up to 2^40, got "
+            f"{value!r}"
         )
     return value
 
@@ -132,8 +164,9 @@ class RingSchedule:
         if self.trivial:
             return
         itemsize = dtype_itemsize(dtype)
-        maxpiece = -(-max(ln for _, ln in blocks) // rings)
-        chunk = max(1, chunk_bytes // itemsize) if chunk_bytes else max(1, maxpiece)
+        maxblock = max(ln for _, ln in blocks)
+        maxpiece = -(-maxblock // rings)
+        chunk = chunk_elements(chunk_bytes, itemsize, maxblock, rings)
         perms = ring_orders(order, rings, n, ctx.hosts, ctx.topology, ctx.world_ranks)
         for k, perm in enumerate(perms):
             pieces = [(off + o, ln) for off, blen in blocks

@@ -57,7 +57,8 @@ class Native(Algorithm):
                 "properties": {"impl": {
                     "description": "one of the library's own allreduce algorithms (MPICH's "
                                    "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM choices), or auto",
-                    "type": "string", "pattern": _IMPL_RE.pattern},
+                    "type": "string", "pattern": _IMPL_RE.pattern,
+                    "not": {"pattern": "\n"}},
                     "composition": {
                         "description": "how MPICH composes the allreduce of intra- and "
                                        "inter-node parts (MPIR_CVAR_ALLREDUCE_COMPOSITION): "
@@ -113,14 +114,20 @@ class Native(Algorithm):
     def check_params(cls, params: Mapping[str, Any], world_size: int) -> dict[str, Any]:
         out = super().check_params(params, world_size)
         impl = out.get("impl", "auto")
-        if not isinstance(impl, str) or not _IMPL_RE.match(impl):
+        if not isinstance(impl, str) or not _IMPL_RE.fullmatch(impl):
             raise ValueError(f"impl: expected the name of one of the library's allreduce "
                              f"algorithms (or auto), got {impl!r}")
         if impl != "auto":
-            from ..mpit import choice_value, unavailable_reason
+            from ..mpit import choice_value, native_algorithms, unavailable_reason
 
             if not unavailable_reason():
                 choice_value(impl)  # ValueError naming the installed algorithms
+                if impl not in native_algorithms():
+                    # In MPICH's list, but needs a library this build lacks (``ccl``):
+                    # MPICH would silently run another algorithm than the profile says.
+                    raise ValueError(f"impl: {impl!r} needs a library this MPICH was built "
+                                     f"without (it would run another algorithm); use one "
+                                     f"of auto, {', '.join(native_algorithms())}")
         comp = out.get("composition", "auto")
         if comp not in COMPOSITIONS:
             raise ValueError(f"composition: expected one of {', '.join(COMPOSITIONS)} (how "

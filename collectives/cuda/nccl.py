@@ -181,4 +181,4 @@ def make_nccl_transport(comm: Any, backend: Any) -> NcclTransport:
     return NcclTransport(comm, backend)
 
 
-register_transport("nccl", make_nccl_transport)
+register_transport("nccl", make_nccl_transport, backends=("cupy",))

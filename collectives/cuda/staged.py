@@ -310,4 +310,4 @@ def make_staged_transport(comm: Any, backend: Any) -> StagedTransport:
     return StagedTransport(comm, backend)
 
 
-register_transport("staged", make_staged_transport)
+register_transport("staged", make_staged_transport, backends=("cupy",))

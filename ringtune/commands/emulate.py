@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         if not command:
             raise UsageError("emulate: no command; give one after --, e.g. `ringtune emulate "
                              "--cluster c.yaml -- ringtune probe`")
-    if args.hostname_prefix is not None and not HOSTNAME_PREFIX.match(args.hostname_prefix):
+    if args.hostname_prefix is not None and not HOSTNAME_PREFIX.fullmatch(args.hostname_prefix):
         raise UsageError(f"emulate --hostname-prefix {args.hostname_prefix!r}: expected "
                          f"lower-case letters, digits and '-', starting with a letter")
     if under_mpiexec():

@@ -30,12 +30,16 @@ An optional ``emulate:`` mapping adds what only emulation needs:
 
 from __future__ import annotations
 
-import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+# The emulate: keys are checked where the cluster file is read (autotune.cluster); the
+# names stay importable from here.
+from autotune.cluster import DEFAULT_MTU as DEFAULT_MTU
+from autotune.cluster import HOSTNAME_PREFIX as HOSTNAME_PREFIX
+from autotune.cluster import MTU_RANGE as MTU_RANGE
+from autotune.cluster import PROGRESS_MODES as PROGRESS_MODES
 
 #: More ranks than this per CPU core and the emulated network is no longer what is measured.
 MAX_RANKS_PER_CORE = 4
@@ -46,10 +50,6 @@ MAX_NETWORK_LEVELS = 2
 #: emulated-2r2x1 run at 23-30 MB/s each way when both ways were loaded (an allreduce's
 #: exchanges), against 57-58 MB/s with 128 KiB (and 57-60 MB/s one way either way).
 MIN_BURST = 128 << 10
-#: Ethernet's MTU, the kernel's default for a veth; the range ``mtu`` may take (IPv4's
-#: minimum datagram a host must accept, and the largest a veth carries).
-DEFAULT_MTU = 1500
-MTU_RANGE = (576, 65535)
 
 
 def tcp_payload_share(mtu: int) -> float:
@@ -59,9 +59,6 @@ def tcp_payload_share(mtu: int) -> float:
     return (mtu - 52) / (mtu + 14)
 
 
-_EMULATE_KEYS = {"hostname_prefix", "oversubscribe", "burst_kb", "mtu", "progress"}
-PROGRESS_MODES = ("spin", "throttle")
-HOSTNAME_PREFIX = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
 
 
 @dataclass(frozen=True)
@@ -139,52 +136,16 @@ def _rate(bps: int) -> str:
     return f"{bps} bit/s"
 
 
-def _read(path: str) -> Any:
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
-        return None  # load_cluster has already reported what is wrong with the file
-
-
 def load_emulated(path: str, cores: int | None = None) -> EmulatedCluster:
     """Validate ``path`` for emulation; ``ValueError`` naming the file and key otherwise
     (the CLI's exit code 2). ``cores``: CPU cores the ranks share (default: this process's)."""
     from autotune.cluster import load_cluster
 
     cluster = load_cluster(path)  # the simulate format: keys, sizes, positive bandwidths
-    data = _read(path) or {}
-    emu = data.get("emulate") or {}
-    p = f"{path}: emulate"
-    if not isinstance(emu, dict):
-        raise ValueError(f"{p}: expected a mapping with keys {', '.join(sorted(_EMULATE_KEYS))},"
-                         f" got {emu!r}")
-    extra = sorted(set(emu) - _EMULATE_KEYS)
-    if extra:
-        raise ValueError(f"{p}.{extra[0]}: unknown key (allowed: "
-                         f"{', '.join(sorted(_EMULATE_KEYS))})")
-    prefix = emu.get("hostname_prefix", "host")
-    if not isinstance(prefix, str) or not HOSTNAME_PREFIX.match(prefix):
-        raise ValueError(f"{p}.hostname_prefix: expected lower-case letters, digits and '-' "
-                         f"starting with a letter, got {prefix!r}")
-    over = emu.get("oversubscribe", False)
-    if not isinstance(over, bool):
-        raise ValueError(f"{p}.oversubscribe: expected true or false, got {over!r}")
-    burst_kb = emu.get("burst_kb", 0)
-    if (not isinstance(burst_kb, (int, float)) or isinstance(burst_kb, bool)
-            or not math.isfinite(burst_kb) or burst_kb < 0):
-        raise ValueError(f"{p}.burst_kb: expected a non-negative number, got {burst_kb!r}")
-    mtu = emu.get("mtu", DEFAULT_MTU)
-    if (not isinstance(mtu, int) or isinstance(mtu, bool)
-            or not MTU_RANGE[0] <= mtu <= MTU_RANGE[1]):
-        raise ValueError(f"{p}.mtu: expected an integer {MTU_RANGE[0]}..{MTU_RANGE[1]} (bytes; "
-                         f"1500 is Ethernet's, 9000 jumbo frames), got {mtu!r}")
-    progress = emu.get("progress", "spin")
-    if progress not in PROGRESS_MODES:
-        raise ValueError(f"{p}.progress: expected one of {', '.join(PROGRESS_MODES)} (how "
-                         f"MPICH's ranks wait), got {progress!r}")
+    # The emulate: section was checked with the rest of the file (autotune.cluster).
+    emu = cluster.emulate
+    prefix, over, mtu = emu["hostname_prefix"], emu["oversubscribe"], emu["mtu"]
+    burst_kb, progress = emu["burst_kb"], emu["progress"]
 
     net = cluster.levels[cluster.host_levels:]
     if not net:
