@@ -192,9 +192,9 @@ _noop_hook.__annotations__ = {"state": object, "bucket": torch.distributed.GradB
 
 
 def bench_overlap(args: argparse.Namespace, ring: Communicator) -> None:
+    from thread_latency import set_thread_latency  # benchmarks/: an experiment, not runtime
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from collectives.exchange import set_thread_latency
     from collectives.torch import HookState, ddp_hook
 
     _header(args, f"overlap of exchange with backward, buckets of {args.bucket_cap_mb} MB")
@@ -492,7 +492,7 @@ def main() -> None:
     p.add_argument("--variants", default="",
                    help="overlap: 'SLICE/SLACK,...' (µs): measure 'together' once per "
                    "variant each round with the exchange thread's scheduler slice and timer "
-                   "slack set so (collectives.exchange.set_thread_latency; slice 0 = the "
+                   "slack set so (benchmarks/thread_latency.py; slice 0 = the "
                    "kernel's default), e.g. 0/50,100/50")
     p.add_argument("--channels", default="1",
                    help="step: exchange channels of the ringtune hook (HookState(channels=)); "

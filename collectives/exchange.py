@@ -23,14 +23,9 @@ it is also called at interpreter exit, before mpi4py finalizes MPI.
 from __future__ import annotations
 
 import atexit
-import ctypes
-import os
-import platform
 import queue
-import sys
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -48,16 +43,6 @@ QUIET_PROGRESS_ENV = {
     "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1",
     "MPIR_CVAR_POLLS_BEFORE_YIELD": "64",
 }
-
-#: The communication thread's scheduler slice (µs) unless ``RINGTUNE_EXCHANGE_SLICE_US``
-#: says otherwise; ``None``: the kernel's (~1.4 ms on 2 CPUs). On Linux ≥ 6.12 (EEVDF with
-#: ``PREEMPT_SHORT``) a waking thread whose slice is shorter preempts the running one, so a
-#: short slice (e.g. 100) lets data that arrives during backward move on at once instead of
-#: after backward's slice: the traces of BENCHMARKS.md (issue 11, third pass) showed the
-#: thread runnable but off-CPU 4–40 ms of each 4 MB bucket. Measured side by side it was not
-#: a clear gain (+3 and −18 points of overlap in two runs: preempting backward more often
-#: costs backward too), so it is opt-in. Needs no privilege (unlike a lower nice value).
-DEFAULT_SLICE_US: float | None = None
 
 #: Seconds ``close()`` waits for queued work before giving up on the thread (it is a daemon:
 #: a hung collective cannot keep the process alive).
@@ -188,11 +173,6 @@ class Exchanger:
                                 f"after {timeout} s; a rank may have left the job")
 
     def _loop(self) -> None:
-        rank = getattr(self.comm, "rank", 0)
-        nice = os.environ.get("RINGTUNE_EXCHANGE_NICE", "").strip()
-        if nice:
-            _renice(nice, rank)
-        _start_latency(rank)
         get = self._jobs.get
         while True:
             item = get()
@@ -268,108 +248,6 @@ class JobTrace:
 
     def clear(self) -> None:
         self.jobs.clear()
-
-
-class _SchedAttr(ctypes.Structure):
-    """Linux's ``struct sched_attr`` (``sched_setattr(2)``)."""
-
-    _fields_ = [("size", ctypes.c_uint32), ("sched_policy", ctypes.c_uint32),
-                ("sched_flags", ctypes.c_uint64), ("sched_nice", ctypes.c_int32),
-                ("sched_priority", ctypes.c_uint32), ("sched_runtime", ctypes.c_uint64),
-                ("sched_deadline", ctypes.c_uint64), ("sched_period", ctypes.c_uint64),
-                ("sched_util_min", ctypes.c_uint32), ("sched_util_max", ctypes.c_uint32)]
-
-
-_SYS_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}
-_PR_SET_TIMERSLACK = 29
-
-
-def set_thread_latency(slice_us: float | None = None,
-                       slack_us: float | None = None) -> list[str]:
-    """On the calling thread (Linux): ask for a scheduler slice of ``slice_us`` (``0``: the
-    kernel's default; see ``DEFAULT_SLICE_US``) and a timer slack of ``slack_us`` (how late
-    the kernel may end this thread's sleeps, e.g. MPICH's throttled ``usleep(1)`` between
-    polls; the kernel's default is 50 µs: a larger slack means fewer wake-ups while a
-    transfer waits on a slow link). ``None`` leaves a setting as it is. Returns what could
-    not be set (empty when all was), so a caller decides whether to warn: the call runs on
-    the thread whose settings change, e.g. the communication thread (``Exchanger.submit``)."""
-    problems: list[str] = []
-    if not sys.platform.startswith("linux"):
-        return [f"thread scheduling settings are Linux-only (here: {sys.platform})"]
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError as exc:
-        return [f"no C library to call ({exc})"]
-    if slice_us is not None:
-        nr = _SYS_SCHED_SETATTR.get(platform.machine())
-        if nr is None:
-            problems.append(f"sched_setattr: unknown syscall number on {platform.machine()}")
-        else:
-            # SCHED_OTHER at the thread's own nice value: only the slice changes.
-            nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-            attr = _SchedAttr(size=ctypes.sizeof(_SchedAttr), sched_policy=0,
-                              sched_nice=nice, sched_runtime=int(slice_us * 1000))
-            if libc.syscall(nr, 0, ctypes.byref(attr), 0) != 0:
-                err = ctypes.get_errno()
-                problems.append(f"sched_setattr(slice {slice_us} µs): {os.strerror(err)}")
-    if slack_us is not None:
-        # 0 would mean "the process's default", not "no slack": 1 ns is the least.
-        if libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(max(1, int(slack_us * 1000))),
-                      0, 0, 0) != 0:
-            problems.append(f"prctl(PR_SET_TIMERSLACK): {os.strerror(ctypes.get_errno())}")
-    return problems
-
-
-def _env_us(name: str, default: float | None, rank: int) -> tuple[float | None, bool]:
-    """(µs, given explicitly) from ``name``; ``off`` means the kernel's default (0 µs)."""
-    raw = os.environ.get(name, "").strip().lower()
-    if not raw:
-        return default, False
-    if raw == "off":
-        return 0.0, True
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        warnings.warn(f"rank {rank}: {name}={raw!r} is not a number of µs ≥ 0 (or off); "
-                      "using the default", stacklevel=3)
-        return default, False
-    return value, True
-
-
-def _start_latency(rank: int) -> None:
-    """The communication thread's slice and timer slack (``RINGTUNE_EXCHANGE_SLICE_US``,
-    default ``DEFAULT_SLICE_US``; ``RINGTUNE_EXCHANGE_SLACK_US``, default the kernel's;
-    e.g. ``RINGTUNE_EXCHANGE_SLICE_US=100``).
-    A default that the kernel refuses is silent; a value the user set warns."""
-    slice_us, slice_set = _env_us("RINGTUNE_EXCHANGE_SLICE_US", DEFAULT_SLICE_US, rank)
-    slack_us, slack_set = _env_us("RINGTUNE_EXCHANGE_SLACK_US", None, rank)
-    if slice_us is None and slack_us is None:
-        return
-    problems = set_thread_latency(slice_us, slack_us)
-    if problems and (slice_set or slack_set):
-        warnings.warn(f"rank {rank}: the exchange thread keeps the kernel's scheduling "
-                      f"settings: {'; '.join(problems)}", stacklevel=2)
-
-
-def _renice(value: str, rank: int) -> None:
-    """``RINGTUNE_EXCHANGE_NICE=-5``: give this thread (Linux: a thread has its own nice
-    value) a higher priority than the training thread, so that on shared cores it runs as
-    soon as data arrives, does its short work and sleeps again, instead of queueing behind
-    backward for a time slice. Lowering nice below 0 needs CAP_SYS_NICE; without it the
-    thread keeps the process's priority (a warning says so)."""
-    try:
-        level = int(value)
-    except ValueError:
-        warnings.warn(f"rank {rank}: RINGTUNE_EXCHANGE_NICE={value!r} is not an integer "
-                      "(e.g. -5); the exchange thread keeps its priority", stacklevel=2)
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), level)
-    except (OSError, AttributeError) as exc:
-        warnings.warn(f"rank {rank}: cannot set the exchange thread's nice value to {level} "
-                      f"({exc}); it keeps the process's priority", stacklevel=2)
 
 
 def _done(fut: Any) -> bool:
