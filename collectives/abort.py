@@ -65,14 +65,15 @@ def rank_line(comm: Any, text: str) -> str:
 def abort_world(comm: Any, line: str | None, code: int = 1) -> NoReturn:
     """Print ``line`` (when given) and end every rank of the job with exit ``code``."""
     if line:
-        if sys.stderr is sys.__stderr__:
-            print(line, file=sys.stderr, flush=True)
-        else:
-            # sys.stderr was replaced (a test runner's capture, a logging redirect) and dies
-            # with the process unread: the line goes to the process's own stderr.
-            sys.stderr.flush()
-            os.write(2, (line + "\n").encode(errors="replace"))
-    sys.stderr.flush()
+        # Straight to the launcher's stderr where Hydra started this rank: its proxy
+        # forwards a rank's output asynchronously and may drop what it had not yet read
+        # when MPI_Abort ends the job (an empty stderr under load), and a replaced
+        # sys.stderr (a test runner's capture) dies unread with the process.
+        say_past_the_launcher(line)
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
     time.sleep(ABORT_GRACE_S)
     comm.Abort(code)
     _real_exit(code)  # Abort does not return; should an MPI let it, this rank still ends

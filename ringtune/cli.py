@@ -75,15 +75,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = args._run(args)
         return int(code or 0)
     except KeyboardInterrupt:
-        report_error("interrupted", rank=launch_rank())
+        report_error("interrupted", rank=launch_rank(), before_abort=_in_mpi_world())
         # A rank blocked inside MPI never sees its SIGINT: end it rather than leave it.
         _abort_world(130)
         return 130
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line + code
-        code = report_error(exc, rank=launch_rank())
+        code = report_error(exc, rank=launch_rank(), before_abort=_in_mpi_world())
         if code != 2:
             _abort_world(code, exc)
         return code
+
+
+def _in_mpi_world() -> bool:
+    """Whether this process is a rank of a running MPI job of more than one rank (where a
+    failure ends every rank with ``_abort_world``)."""
+    mpi_mod = sys.modules.get("mpi4py.MPI")
+    if mpi_mod is None:
+        return False
+    MPI = mpi_mod
+    return bool(MPI.Is_initialized() and not MPI.Is_finalized()
+                and MPI.COMM_WORLD.Get_size() > 1)
 
 
 def _abort_world(code: int, exc: BaseException | None = None) -> None:
@@ -93,11 +104,9 @@ def _abort_world(code: int, exc: BaseException | None = None) -> None:
     ``CommandFailed`` (raised alike on every rank, e.g. by the tuner's lockstep). Bad
     input (exit 2) is detected on every rank before any communication, so those ranks
     simply exit together without the abort."""
-    mpi_mod = sys.modules.get("mpi4py.MPI")
-    if mpi_mod is None:
-        return
-    MPI = mpi_mod
-    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+    if _in_mpi_world():
+        from mpi4py import MPI
+
         from collectives.abort import abort_world, rank_line
 
         world = MPI.COMM_WORLD

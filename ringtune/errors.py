@@ -24,16 +24,25 @@ def exit_code_for(exc: BaseException) -> int:
     return 2 if isinstance(exc, _INPUT_ERRORS) else 1
 
 
-def report_error(exc: BaseException | str, rank: int = 0) -> int:
+def report_error(exc: BaseException | str, rank: int = 0, *,
+                 before_abort: bool = False) -> int:
     """Print ``ringtune: error: …`` once (rank 0 only) and return the exit code.
-    ``RINGTUNE_LOG=debug`` adds the traceback."""
+    ``RINGTUNE_LOG=debug`` adds the traceback. ``before_abort``: MPI_Abort ends the job
+    next unless the code is 2 (``ringtune.cli``), so the line goes straight to the
+    launcher's stderr (``collectives.abort.say_past_the_launcher``): MPICH's Hydra may drop
+    what a rank printed just before an abort."""
     code = 1 if isinstance(exc, str) else exit_code_for(exc)
     if rank == 0:
         text = exc if isinstance(exc, str) else (str(exc) or type(exc).__name__)
         if isinstance(exc, BaseException) and code == 1 and not isinstance(exc, CommandFailed):
             text = f"{type(exc).__name__}: {text}"
         text = " ".join(str(text).split("\n"))
-        print(f"ringtune: error: {text}", file=sys.stderr, flush=True)
+        if before_abort and code != 2:
+            from collectives.abort import say_past_the_launcher
+
+            say_past_the_launcher(f"ringtune: error: {text}")
+        else:
+            print(f"ringtune: error: {text}", file=sys.stderr, flush=True)
         if os.environ.get("RINGTUNE_LOG", "").lower() == "debug" and isinstance(exc,
                                                                                 BaseException):
             traceback.print_exception(exc)

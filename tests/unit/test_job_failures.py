@@ -82,10 +82,14 @@ def test_size_mismatch_ends_every_rank_naming_the_rank(tmp_path: Path, algo: str
 
 
 def test_size_mismatch_in_native_ends_the_job(tmp_path: Path) -> None:
-    """MPI_Allreduce itself: MPICH's fatal error handler aborts and names the rank."""
+    """MPI_Allreduce itself: the rank whose call fails names itself and ends the job.
+    MPICH's own report of the error (and the exit status, which carries its error code)
+    may or may not follow: Hydra drops what a rank printed just before an abort, so only
+    ringtune's line, written past the launcher before the abort, is asserted."""
     res = _job(tmp_path, "size", "native")
     assert res.returncode != 0 and "finished" not in res.stdout
-    assert re.search(r"rank \d", res.stderr), res.stderr
+    assert re.search(r"^ringtune: rank \d: allreduce of \d+ B with native failed: .*"
+                     "ending every rank", res.stderr, re.M), res.stderr
 
 
 def test_on_error_raise_hands_the_failure_to_the_caller(tmp_path: Path) -> None:
