@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 
 from probes import layout
@@ -19,3 +25,60 @@ def machines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Host]:
         root, nv = materialize(name, dest)
         out[name] = layout.read_host(root, responder=nv, name=name)
     return out
+
+
+# -- in-process only ------------------------------------------------------------------------
+# tests/unit runs in this process, fast, and never depends on how quickly other processes
+# are scheduled: a test that starts mpiexec, the CLI or any other program belongs in
+# tests/cli (`make cli`). This guard makes the rule hold as tests are added: starting a
+# process here fails the test that did it, naming the command.
+
+_started: list[str] = []
+
+
+def _library_lookup() -> bool:
+    """Whether the standard library's ``ctypes.util.find_library`` is starting the process
+    (it asks ``ldconfig``, ``gcc`` or ``ld`` where a library is; the product looks up
+    libmpi so): a lookup inside the code under test, not a program the test runs."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(os.path.join("ctypes", "util.py")):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _refuse(what: str) -> Any:
+    def start(*args: Any, **kwargs: Any) -> Any:
+        argv = args[1] if what == "subprocess" and len(args) > 1 else args[:1]
+        if what == "subprocess" and _library_lookup():
+            return _real_execute_child(*args, **kwargs)
+        _started.append(f"{what} {argv!r}"[:200])
+        raise RuntimeError(f"tests/unit is in-process only: this test started {what} "
+                           f"{argv!r:.120}; move it to tests/cli")
+    return start
+
+
+_real_execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_processes() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess.Popen, "_execute_child", _refuse("subprocess"))
+        for name in ("system", "fork", "forkpty", "posix_spawn", "posix_spawnp", "execv",
+                     "execve", "execvp", "execvpe"):
+            if hasattr(os, name):
+                mp.setattr(os, name, _refuse(f"os.{name}"))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _started_nothing(_no_processes: None) -> Iterator[None]:
+    """Fails the test during which (or during whose fixtures) a process was started, even
+    when the code under test caught the refusal."""
+    yield
+    started, _started[:] = list(_started), []
+    if started:
+        pytest.fail("tests/unit is in-process only; move this test to tests/cli. It started: "
+                    + "; ".join(started), pytrace=False)
