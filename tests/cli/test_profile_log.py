@@ -11,8 +11,7 @@ import sys
 from typing import Any
 
 from collectives.profile import write_profile
-
-from .test_profile import base
+from tests.unit.test_profile import base
 
 SCRIPT = """
 import numpy as np

@@ -9,7 +9,7 @@ profile at ``--out`` is still the old one byte for byte, no temporary file is le
 SQLite storage passes its integrity check, and the next run resumes with every finished
 trial kept (at most the trial in flight is lost and queued again). A second run on the
 same storage while one holds it is refused, naming the holder's PID. Slow trials come
-from the test-only ``sleep`` algorithm (see ``tests/unit/test_autotune_cli.py``).
+from the test-only ``sleep`` algorithm (see ``tests/cli/test_autotune_cli.py``).
 """
 
 from __future__ import annotations

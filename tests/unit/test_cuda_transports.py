@@ -16,8 +16,9 @@ ranks would hang the run (it is bounded by a timeout) instead of hiding in eager
 The multi-rank part runs the allreduce contract (``tests/contract.py``) over both transports
 in an in-process world (``tests/inproc.py``, one thread and one simulated GPU per rank) at
 several world sizes, on the world, a ``Dup()`` and a ``Split()``; and this file under
-``mpiexec -n 3`` (``python -m mpi4py``) for what needs processes: set-up errors agreed over
-MPI and ``Communicator`` on GPU buffers with the registry's backend replaced.
+``mpiexec -n 3`` (``python -m mpi4py``; ``tests/cli/test_cuda_transports.py`` runs it) for
+what needs processes: set-up errors agreed over MPI and ``Communicator`` on GPU buffers
+with the registry's backend replaced.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import contextlib
 import ctypes
 import itertools
 import os
-import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable
@@ -580,18 +580,6 @@ def test_gpu_transports_contract_in_process(n: int, comm_kind: str) -> None:
 
     fails = [line for lines in inproc.run_ranks(n, rank) for line in lines]
     assert not fails, "\n".join(fails[:12])
-
-
-def test_multirank_under_mpiexec() -> None:
-    """The GPU transports' set-up errors and ``Communicator`` on GPU buffers at 3 MPI
-    ranks; see ``main``."""
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if not os.access(mpiexec, os.X_OK):
-        pytest.skip("no mpiexec next to the interpreter")
-    out = subprocess.run([mpiexec, "-n", "3", sys.executable, "-m", "mpi4py", __file__],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-    assert "multi-rank GPU transport checks passed" in out.stdout, out.stdout[-2000:]
 
 
 # -- multi-rank (run as a script under mpiexec) --------------------------------------------

@@ -1,13 +1,9 @@
 """The pieces of issue 11 that need neither MPI nor torch: workload tensor sizes, the
-bucket-size candidates of ``ringtune tune --workload``, and ``collectives.torch`` without
-torch."""
+bucket-size candidates of ``ringtune tune --workload`` (``collectives.torch`` without
+torch: ``tests/cli/test_fusion_tune.py``)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -56,24 +52,3 @@ def test_tune_workload_without_tensors_exits_2(tmp_path: Path,
 def test_tune_missing_workload_exits_2(tmp_path: Path) -> None:
     assert main(["tune", "--workload", str(tmp_path / "none.yaml"),
                  "--out", str(tmp_path / "p.yaml")]) == 2
-
-
-@pytest.mark.skipif(importlib.util.find_spec("torch") is not None,
-                    reason="torch is installed here (tests/torch covers this case)")
-def test_torch_api_without_torch() -> None:
-    env = dict(os.environ, PMI_RANK="3")
-    out = subprocess.run([sys.executable, "-c", "import collectives.torch"], env=env,
-                         capture_output=True, text=True, timeout=60)
-    last = out.stderr.strip().splitlines()[-1]
-    assert out.returncode == 1
-    assert last.startswith("ImportError: rank 3: collectives.torch needs PyTorch")
-    assert "pip install 'ringtune[torch]'" in last
-
-
-def test_import_collectives_stays_light() -> None:
-    code = ("import sys, collectives, collectives.fusion, collectives.exchange, "
-            "collectives.tensors; print(sorted(m for m in ('torch', 'cupy', 'optuna') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
-    assert out.stdout.strip() == "[]", out

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -119,18 +116,6 @@ def test_missing_file_and_bad_options_exit_2(tmp_path: Path,
     assert "--algo tree" in capsys.readouterr().err
     assert main(["simulate"]) == 2
     assert "--cluster" in capsys.readouterr().err
-
-
-def test_console_script_exit_code(tmp_path: Path) -> None:
-    """The installed entry point, as a user runs it: exit 2 and one line on stderr."""
-    path = _write(tmp_path, "bad.yaml", "ranks: 8\nmemory_gbs: 1\n" +
-                  LEVELS.replace("bandwidth_gbs: 5", "bandwidth_gbs: 0"))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "ringtune.cli", "simulate", "--cluster", path],
-                          capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().endswith("expected a positive number, got 0")
-    assert "levels[1].bandwidth_gbs" in proc.stderr and proc.stdout == ""
 
 
 def test_plot_gives_each_algorithm_one_style_in_both_panels(

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from typing import Any
 
 import jsonschema
@@ -284,21 +282,3 @@ def test_host_profile_form_is_unchanged() -> None:
     assert "transport" not in prof["rules"][0] and "transports" not in prof["tuning"]
     assert native_config(opts, 4) == Config("native")
     assert native_config(opts, 4).transport is None
-
-
-# --- the command line -------------------------------------------------------------------
-
-
-def test_backend_cupy_without_cupy_exits_2_with_one_line(tmp_path: Any) -> None:
-    if D.cupy_status()[0]:
-        pytest.skip("CuPy and a GPU are present: tests/gpu/test_tune_gpu.py tunes them")
-    env = {k: v for k, v in os.environ.items() if k != "RINGTUNE_LAUNCHED"
-           and not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_"))}
-    out = subprocess.run([sys.executable, "-m", "ringtune.cli", "tune", "--backend", "cupy",
-                          "--out", str(tmp_path / "p.yaml"), "--buckets", "4K"],
-                         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
-    assert out.returncode == 2, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1, out.stderr
-    assert "--backend cupy" in lines[0] and "pip install 'ringtune[cuda]'" in lines[0]
-    assert not (tmp_path / "p.yaml").exists()

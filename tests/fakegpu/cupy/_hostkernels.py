@@ -4,7 +4,7 @@ The kernel source of ``collectives.cuda.kernels.reduce_source`` is compiled by t
 compiler against ``SHIM`` (CUDA's built-in index variables and 16-byte vector types as plain
 C++) with a launcher that calls the kernel once per (block, thread) of the grid. So the
 very code the GPU would run — head, vector body, tail, grid-stride loops — runs here on the
-real (misaligned) addresses. Used by ``tests/unit/test_cuda_kernels.py`` and by the
+real (misaligned) addresses. Used by ``tests/cli/test_cuda_kernels.py`` and by the
 simulated GPU's ``RawKernel``.
 """
 
