@@ -1,6 +1,7 @@
 # ringtune: the two commands of the README.
 #   make tune   tune this machine (venv, install, `ringtune tune`) -> profiles/local.yaml
-#   make test   lint, type-check, unit tests, MPI tests at 1..4 ranks, GPU tests (skip w/o GPU),
+#   make test   lint (ruff, mypy, import layers), unit tests (in-process), CLI and launcher
+#               tests (tests/cli), MPI tests at 1..4 ranks, GPU tests (skip w/o GPU),
 #               the GPU code checked against the real CUDA packages (cuda-static), and the
 #               GPU tests on a simulated GPU (gpu-sim), the PyTorch tests (torch-test), and
 #               multi-host tests on emulated hosts (emulated; needs root, else skips)
@@ -21,7 +22,8 @@ CUDA_PY := $(CUDA_VENV)/bin/python
 TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
-.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean schema
+.PHONY: all install extra-venvs test lint unit cli unit-cli fuzz mpi gpu cuda-static gpu-sim \
+	torch-test emulated tune bench clean schema
 
 all: test
 
@@ -48,20 +50,38 @@ $(TORCH_VENV)/.installed: pyproject.toml
 	$(TORCH_PY) -m pip install -q --no-compile -e '.[test,torch]'
 	touch $@
 
+# lint-imports: the layers autotune -> collectives -> probes ([tool.importlinter]).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # The profile JSON Schema is generated from the algorithm registry (collectives/schema.py);
 # rerun after changing an algorithm's parameters (a unit test says when it is stale).
 schema: install
 	$(VENV)/bin/python -m collectives.schema
 
-# pytest-xdist: one worker per CPU, at most 4. A worker runs one test at a time and no unit
-# test starts more than 3 ranks, so this stays within 4 ranks per core.
+# tests/unit runs in one process per worker and starts no other (tests/unit/conftest.py
+# fails a test that does); pytest-xdist: one worker per CPU, at most 4.
 UNIT_WORKERS ?= auto
 unit: install
 	$(PY) -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) --maxprocesses 4 tests/unit
+
+# tests/cli: what starts processes (the CLI, mpiexec, a compiler); every process a test
+# starts ends with it (tests/cli/conftest.py). One worker per CPU, at most 4: a worker runs
+# one test at a time and no test starts more than 3 ranks, so at most 4 ranks per core.
+CLI_WORKERS ?= auto
+cli: install
+	$(PY) -m pytest -q -p no:cacheprovider -n $(CLI_WORKERS) --maxprocesses 4 tests/cli
+
+# One after the other: both use every CPU.
+unit-cli:
+	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory cli
+
+# Every variant of the fuzz set (tests/fuzzing.py; the unit suite runs a seeded sample).
+fuzz: install
+	RINGTUNE_FUZZ=full $(PY) -m pytest -q -p no:cacheprovider tests/unit/test_fuzz_inputs.py
 
 mpi: install
 	@set -e; for n in $(NP_LIST); do \
@@ -75,7 +95,7 @@ gpu: install
 # The GPU code against the real CuPy/NCCL/NVML APIs and NVRTC (tests/unit/test_cuda_packages.py),
 # and the CUDA unit tests again with CuPy importable but no GPU, as on a login node.
 cuda-static: $(CUDA_VENV)/.installed
-	$(CUDA_PY) -m pytest -q -p no:cacheprovider -rs tests/unit/test_cuda_*.py
+	$(CUDA_PY) -m pytest -q -p no:cacheprovider -rs tests/unit/test_cuda_*.py tests/cli/test_cuda_*.py
 
 # tests/gpu on the CPU, against the simulated GPU of tests/fakegpu (queued stream work runs
 # later in a seeded random order; kernels run thread by thread; NCCL is carried by MPI):
@@ -119,14 +139,14 @@ emulated: install
 
 # GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
 # The CUDA and PyTorch environments (GBs of wheels: mostly download and unpacking) are
-# installed while lint and the unit tests run (three jobs: the installs wait on downloads;
-# the unit tests on one pytest-xdist worker per CPU), so a fresh `make test` does not wait
-# for them in turn. The suites after that run one at a time: each saturates 2 CPUs at 4
+# installed while lint, the unit and the CLI tests run (three jobs: the installs wait on
+# downloads; the unit then the CLI tests on one pytest-xdist worker per CPU), so a fresh
+# `make test` does not wait for them in turn. The suites after that run one at a time: each saturates 2 CPUs at 4
 # ranks (two at once took as long in all).
 # `install` comes first: the extra environments' editable installs write the same
 # ringtune.egg-info.
 test: install
-	$(MAKE) --no-print-directory -j3 --output-sync=target extra-venvs lint gpu unit
+	$(MAKE) --no-print-directory -j3 --output-sync=target extra-venvs lint gpu unit-cli
 	$(MAKE) --no-print-directory cuda-static gpu-sim torch-test mpi emulated
 
 # One after the other: both editable installs write ringtune.egg-info in this directory.

@@ -3,7 +3,7 @@
 #
 # Installs what is missing (only from wheels in .whl/ at the repository root: the machine
 # may have no network), then runs, each step under its own timeout:
-#   1. the CPU-side CUDA unit tests (tests/unit/test_cuda_*.py),
+#   1. the CPU-side CUDA tests (tests/unit/test_cuda_*.py, tests/cli/test_cuda_*.py),
 #   2. the GPU tests under mpiexec at 1 and 2 ranks (tests/gpu),
 #   3. the reduction-kernel benchmark (256 MiB float32 sum vs device-to-device copy),
 #   4. `ringtune bench -G` at 2 ranks: native and multiring over the staged transport.
@@ -154,7 +154,8 @@ COLLECT=()
 [ "${RINGTUNE_CHECK_COLLECT_ONLY:-0}" = 1 ] && COLLECT=(--collect-only)
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rs "${COLLECT[@]}")
 step unit_cuda 40 test "${PYTEST[@]}" tests/unit/test_cuda_detect.py tests/unit/test_cuda_packages.py \
-  tests/unit/test_cuda_kernels.py tests/unit/test_cuda_transports.py
+  tests/unit/test_cuda_transports.py tests/cli/test_cuda_detect.py tests/cli/test_cuda_kernels.py \
+  tests/cli/test_cuda_transports.py
 # n1 compiles every reduction kernel (NVRTC, ~1 s per ElementwiseKernel) into CuPy's
 # on-disk cache; n2 and the benchmarks then reuse it.
 step gpu_tests_n1 90 test "$MPIEXEC" -n 1 "$PY" -m mpi4py -m pytest -q -p no:cacheprovider -rs \
