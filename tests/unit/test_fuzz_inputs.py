@@ -20,7 +20,8 @@ another sample.
 
 Time (CPU) and memory (tracemalloc peak) per variant are held to 1 s and 200 MB: limits
 that catch unbounded behaviour (an alias bomb expanded, a range expanded), not benchmarks.
-``RINGTUNE_FUZZ_STATS=FILE`` writes the counts as JSON (BENCHMARKS.md "Reliability").
+``RINGTUNE_FUZZ_STATS=FILE`` writes the counts as JSON (BENCHMARKS.md "Reliability", with
+``RINGTUNE_FUZZ=full``; ``selection`` says which).
 """
 
 from __future__ import annotations
@@ -355,7 +356,7 @@ def test_every_mutation_is_refused_or_works(kinds: list[Kind],
              "memory_traced": tally.traced,
              "max_cpu_seconds": round(tally.max_seconds, 3),
              "max_traced_mib": round(tally.max_bytes / (1 << 20), 1),
-             "failures": len(tally.failures)}
+             "failures": len(tally.failures), "selection": fuzzing.mode()}
     out = os.environ.get("RINGTUNE_FUZZ_STATS")
     if out:
         Path(out).write_text(json.dumps(stats, indent=1) + "\n")
