@@ -46,7 +46,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def netns_list() -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True,
+                         timeout=30)
     return sorted(line.split()[0] for line in out.stdout.splitlines() if line.strip())
 
 

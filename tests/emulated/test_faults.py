@@ -43,7 +43,7 @@ class Job:
 
     def pids(self, host: int) -> list[int]:
         out = subprocess.run(["ip", "netns", "pids", self.namespace(host)],
-                             capture_output=True, text=True, check=True).stdout
+                             capture_output=True, text=True, check=True, timeout=30).stdout
         return [int(p) for p in out.split()]
 
     def end(self, timeout: float = END_WITHIN_S) -> tuple[int, float]:
@@ -88,7 +88,8 @@ def test_ranks_killed_mid_allreduce(tmp_path: Path) -> None:
 def test_link_down_mid_allreduce_ends_by_the_stall_watchdog(tmp_path: Path) -> None:
     job = Job(tmp_path, [*ALLREDUCE, "multiring"], env={"RINGTUNE_STALL_TIMEOUT": "3"})
     job.wait_for("round 5 done")
-    subprocess.run(["ip", "-n", job.namespace(1), "link", "set", "eth0", "down"], check=True)
+    subprocess.run(["ip", "-n", job.namespace(1), "link", "set", "eth0", "down"], check=True,
+                   timeout=30)
     code, _ = job.end()
     err = job.err.read_text()
     assert code != 0
