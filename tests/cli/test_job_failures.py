@@ -36,6 +36,7 @@ if comm.rank == 1 and mode == "exit":
 if comm.rank == 1 and mode == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 if comm.rank == 1 and mode == "outside":
+    open(os.path.join(os.path.dirname(__file__), "raised.1"), "w").close()
     raise RuntimeError("failed outside ringtune")
 if mode in ("size", "raise"):
     buf = np.ones(1000 + 77 * comm.rank, np.float32)   # ranks disagree on the size
@@ -153,10 +154,13 @@ def test_os_exit_elsewhere_stays_silent(tmp_path: Path) -> None:
 def test_an_uncaught_exception_outside_ringtune_ends_the_job_under_m_mpi4py(
         tmp_path: Path) -> None:
     """The README's launch form for jobs: ``python -m mpi4py`` turns an uncaught exception
-    on one rank into an abort of all (plain ``python`` would leave rank 0 waiting)."""
+    on one rank into an abort of all (plain ``python`` would leave rank 0 waiting): the job
+    ends within the timeout, after rank 1 raised (its marker file). mpi4py prints the
+    traceback on the rank's stderr just before MPI_Abort, where Hydra may drop it, so the
+    text is not asserted."""
     res = _job(tmp_path, "outside", "multiring", mpi4py=True)
     assert res.returncode != 0 and "finished" not in res.stdout
-    assert "failed outside ringtune" in res.stderr
+    assert (tmp_path / "raised.1").exists(), res.stderr
 
 
 def test_on_error_mode(monkeypatch: pytest.MonkeyPatch) -> None:

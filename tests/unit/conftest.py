@@ -36,13 +36,20 @@ def machines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Host]:
 _started: list[str] = []
 
 
+#: Where a library looks for a shared library by starting a helper: the standard library's
+#: ``ctypes.util.find_library`` (``ldconfig``, ``gcc``, ``ld``; the product looks up libmpi
+#: so) and NVIDIA's ``cuda.pathfinder`` (a Python "canary" that loads libcudart, when CuPy
+#: loads NVRTC in .venv-cuda).
+_LOOKUP_FILES = (os.path.join("ctypes", "util.py"), os.path.join("cuda", "pathfinder", ""))
+
+
 def _library_lookup() -> bool:
-    """Whether the standard library's ``ctypes.util.find_library`` is starting the process
-    (it asks ``ldconfig``, ``gcc`` or ``ld`` where a library is; the product looks up
-    libmpi so): a lookup inside the code under test, not a program the test runs."""
+    """Whether a library's search for a shared library is starting the process: a lookup
+    inside the code under test, not a program the test runs."""
     frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_code.co_filename.endswith(os.path.join("ctypes", "util.py")):
+        name = frame.f_code.co_filename
+        if name.endswith(_LOOKUP_FILES[0]) or _LOOKUP_FILES[1] in name:
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
@@ -62,7 +69,9 @@ def _refuse(what: str) -> Any:
 _real_execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
 
 
-@pytest.fixture(scope="session", autouse=True)
+# Module scope: the module's own fixtures are covered, and the guard is lifted when a run
+# that also collects other suites (tests/cli) leaves tests/unit.
+@pytest.fixture(scope="module", autouse=True)
 def _no_processes() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(subprocess.Popen, "_execute_child", _refuse("subprocess"))
