@@ -35,8 +35,11 @@ ALGORITHM_CVAR = "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM"
 _NOT_CANDIDATES = ("auto", "ccl")
 _CHOICE_RE = re.compile(r"^\s*([a-z][a-z0-9_]*)\s+-\s+\S")
 
-_SCOPES = {60438: "constant", 60439: "readonly", 60440: "local", 60441: "group",
-           60442: "group_eq", 60443: "all", 60444: "all_eq"}
+_SCOPE_NAMES = ("constant", "readonly", "local", "group", "group_eq", "all", "all_eq")
+#: ``MPI_T_SCOPE_*`` values by library: MPICH numbers them from 60438, Open MPI (an enum in
+#: its ``mpi.h``) from 0.
+_SCOPES = {60438 + i: n for i, n in enumerate(_SCOPE_NAMES)}
+_OMPI_SCOPES = dict(enumerate(_SCOPE_NAMES))
 _WRITABLE_SCOPES = ("local", "group", "group_eq", "all", "all_eq")
 
 
@@ -47,9 +50,13 @@ class MpitError(RuntimeError):
 class _Mpit:
     """The MPI_T calls this module needs, bound to one library through ctypes."""
 
-    def __init__(self, lib: Any) -> None:
+    def __init__(self, lib: Any, scopes: dict[int, str] | None = None) -> None:
         c_int, ptr, vp = ctypes.c_int, ctypes.POINTER, ctypes.c_void_p
         self.lib = lib
+        self.scopes = _SCOPES if scopes is None else scopes
+        lib.MPI_T_enum_get_info.argtypes = [vp, ptr(c_int), ctypes.c_char_p, ptr(c_int)]
+        lib.MPI_T_enum_get_item.argtypes = [vp, c_int, ptr(c_int), ctypes.c_char_p,
+                                            ptr(c_int)]
         lib.MPI_T_init_thread.argtypes = [c_int, ptr(c_int)]
         lib.MPI_T_cvar_get_index.argtypes = [ctypes.c_char_p, ptr(c_int)]
         lib.MPI_T_cvar_get_info.argtypes = [c_int, ctypes.c_char_p, ptr(c_int), ptr(c_int),
@@ -69,6 +76,12 @@ class _Mpit:
 
     def info(self, name: str) -> tuple[str, str, bool, int]:
         """(description, scope, writable, datatype handle) of control variable ``name``."""
+        desc, scope, writable, handle, _ = self.info_enum(name)
+        return desc, scope, writable, handle
+
+    def info_enum(self, name: str) -> tuple[str, str, bool, int, dict[str, int]]:
+        """``info`` and the variable's ``MPI_T_enum`` items (name -> value; empty when the
+        library gives the variable no enum, as MPICH does)."""
         idx = self.index(name)
         buf, desc = ctypes.create_string_buffer(256), ctypes.create_string_buffer(16384)
         nlen, dlen = ctypes.c_int(256), ctypes.c_int(16384)
@@ -79,9 +92,26 @@ class _Mpit:
             idx, buf, ctypes.byref(nlen), ctypes.byref(verb), dtype, ctypes.byref(enum),
             desc, ctypes.byref(dlen), ctypes.byref(bind), ctypes.byref(scope)),
             "MPI_T_cvar_get_info", name)
-        sc = _SCOPES.get(scope.value, str(scope.value))
+        sc = self.scopes.get(scope.value, str(scope.value))
         handle = int.from_bytes(dtype.raw[:ctypes.sizeof(ctypes.c_void_p)], sys.byteorder)
-        return desc.value.decode("utf-8", "replace"), sc, sc in _WRITABLE_SCOPES, handle
+        items = self._enum_items(enum, name) if enum.value else {}
+        return desc.value.decode("utf-8", "replace"), sc, sc in _WRITABLE_SCOPES, handle, items
+
+    def _enum_items(self, enum: Any, name: str) -> dict[str, int]:
+        num, nlen = ctypes.c_int(), ctypes.c_int(256)
+        buf = ctypes.create_string_buffer(256)
+        self._check(self.lib.MPI_T_enum_get_info(enum, ctypes.byref(num), buf,
+                                                 ctypes.byref(nlen)),
+                    "MPI_T_enum_get_info", name)
+        out: dict[str, int] = {}
+        for i in range(num.value):
+            value, ilen = ctypes.c_int(), ctypes.c_int(256)
+            item = ctypes.create_string_buffer(256)
+            self._check(self.lib.MPI_T_enum_get_item(enum, i, ctypes.byref(value), item,
+                                                     ctypes.byref(ilen)),
+                        "MPI_T_enum_get_item", name)
+            out[item.value.decode("utf-8", "replace")] = value.value
+        return out
 
     def index(self, name: str) -> int:
         idx = ctypes.c_int()
@@ -141,24 +171,35 @@ def library() -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=1)
-def _mpit() -> tuple[_Mpit | None, str]:
-    """The bound MPI_T of the library mpi4py links, or (None, why not)."""
+def bound() -> tuple[_Mpit | None, str]:
+    """The bound MPI_T of the library mpi4py links, whichever it is, or (None, why not).
+    Each library's module (``collectives.natives``) reads its own variables through it."""
     try:
         from mpi4py import MPI
     except ImportError as exc:
         return None, f"mpi4py is not importable ({exc})"
-    name, version = library()
-    if name != "MPICH":
-        return None, (f"{name} {version}".strip() + " is not MPICH: its allreduce "
-                      "algorithms are not selectable per call, so native has just the "
-                      "library's default")
+    name, _ = library()
     try:
         lib = ctypes.CDLL(str(MPI.__file__))  # dlsym through it also searches its libmpi
         if not hasattr(lib, "MPI_T_cvar_write"):
             return None, f"{MPI.__file__} exports no MPI_T_cvar_write"
-        return _Mpit(lib), ""
+        return _Mpit(lib, _OMPI_SCOPES if name == "Open MPI" else None), ""
     except (OSError, MpitError) as exc:
         return None, f"MPI_T is not usable: {exc}"
+
+
+@functools.lru_cache(maxsize=1)
+def _mpit() -> tuple[_Mpit | None, str]:
+    """The bound MPI_T of MPICH, or (None, why not: another library, no MPI_T)."""
+    try:
+        from mpi4py import MPI  # noqa: F401 - the library is loaded (and initialised) here
+    except ImportError as exc:
+        return None, f"mpi4py is not importable ({exc})"
+    name, version = library()
+    if name != "MPICH":
+        return None, (f"{name} {version}".strip() + " is not MPICH: MPICH's allreduce "
+                      "algorithms and compositions do not apply")
+    return bound()
 
 
 def unavailable_reason() -> str:

@@ -1,0 +1,8 @@
+"""The MPI libraries ``native`` knows, one module each (``base`` says the interface)."""
+
+from __future__ import annotations
+
+from . import mpich, openmpi  # noqa: F401 - each registers itself
+from .base import DEFAULT, NativeLibrary, current, for_name, register
+
+__all__ = ["DEFAULT", "NativeLibrary", "current", "for_name", "register"]

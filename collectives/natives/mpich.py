@@ -1,0 +1,44 @@
+"""MPICH: its allreduce algorithms (``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM``) and
+compositions (``MPIR_CVAR_ALLREDUCE_COMPOSITION``), both set around each call through MPI_T
+(``collectives.mpit``: MPICH reads them on every call, so no new communicator is needed).
+Its own tuning file is the collective-selection JSON (``ringtune export --format mpich``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import DEFAULT, NativeLibrary, register
+
+
+@register
+class Mpich(NativeLibrary):
+    """MPICH (and its ABI: the ``mpich`` wheel, MVAPICH, Cray MPICH report ``MPICH``)."""
+
+    name = "MPICH"
+    export_format = "mpich"
+
+    def unavailable_reason(self) -> str:
+        from ..mpit import unavailable_reason
+
+        return unavailable_reason()
+
+    def algorithms(self) -> list[str]:
+        from ..mpit import native_algorithms
+
+        return native_algorithms()
+
+    def check_impl(self, impl: str) -> None:
+        if impl == DEFAULT:
+            return
+        from ..mpit import choice_value
+
+        if self.unavailable_reason():
+            super().check_impl(impl)  # names why nothing can be chosen
+        choice_value(impl)  # ValueError naming the installed algorithms
+
+    def prepare(self, ctx: Any, impl: str) -> tuple[Any, list[Any]]:
+        from ..mpit import Selector
+
+        self.check_impl(impl)
+        return ctx, ([Selector(impl)] if impl != DEFAULT and ctx.size > 1 else [])
