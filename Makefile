@@ -28,7 +28,7 @@ all: test
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,mpich]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -38,14 +38,14 @@ install: $(VENV)/.installed
 $(CUDA_VENV)/.installed: pyproject.toml
 	test -x $(CUDA_PY) || $(PYTHON) -m venv $(CUDA_VENV)
 	$(CUDA_PY) -m pip install -q --upgrade pip
-	$(CUDA_PY) -m pip install -q --no-compile -e '.[test,cuda]'
+	$(CUDA_PY) -m pip install -q --no-compile -e '.[test,cuda,mpich]'
 	touch $@
 
 # PyTorch (CPU and CUDA wheels, ~GBs) in its own environment, so `make tune` never needs it.
 $(TORCH_VENV)/.installed: pyproject.toml
 	test -x $(TORCH_PY) || $(PYTHON) -m venv $(TORCH_VENV)
 	$(TORCH_PY) -m pip install -q --upgrade pip
-	$(TORCH_PY) -m pip install -q --no-compile -e '.[test,torch]'
+	$(TORCH_PY) -m pip install -q --no-compile -e '.[test,torch,mpich]'
 	touch $@
 
 lint: install

@@ -68,14 +68,21 @@ def _plan_key(flat: Any, op: str, backend: Backend, algorithm: str | None,
 class Communicator:
     """Allreduce over an mpi4py communicator, choosing the algorithm per message size.
 
+    ``comm``: an mpi4py communicator; ``None`` is ``MPI.COMM_WORLD`` (where no MPI library
+    loads, ``collectives.mpilib.NoMpiError`` says what to install).
     ``profile``: a path or a loaded ``Profile``; ``None`` reads ``$RINGTUNE_PROFILE``, else
     the built-in heuristic. ``strict``: raise instead of warning when the profile was tuned
     on a different topology (also ``RINGTUNE_STRICT=1``).
     """
 
-    def __init__(self, comm: Any, profile: str | os.PathLike[str] | Profile | None = None,
+    def __init__(self, comm: Any = None,
+                 profile: str | os.PathLike[str] | Profile | None = None,
                  strict: bool = False, topology: Any = None) -> None:
         log_level()  # an unknown RINGTUNE_LOG: ValueError on every rank, before any message
+        if comm is None:
+            from .mpilib import load_mpi
+
+            comm = load_mpi().COMM_WORLD
         _check_world(comm)
         self.comm = comm
         self.rank: int = comm.Get_rank()
