@@ -111,9 +111,15 @@ class Native(Algorithm):
             if impl != "auto" and tname == "nccl":
                 _warn(f"impl={impl}", "NCCL chooses its own algorithm")
             elif impl != "auto":
-                from ..natives import current
+                from ..natives import current, foreign_profile
 
-                self._run_ctx, self._selectors = current().prepare(ctx, impl)
+                lib = current()
+                other = foreign_profile()
+                if other and impl not in lib.algorithms():
+                    _warn(f"impl={impl}", f"the profile was tuned with {other}; "
+                          f"{lib.label()} has no {impl!r}")
+                else:
+                    self._run_ctx, self._selectors = lib.prepare(ctx, impl)
             sel = _selector(comp, tname, composition=True) if comp != "auto" else None
             if sel is not None:
                 self._selectors.append(sel)
@@ -126,9 +132,10 @@ class Native(Algorithm):
             raise ValueError(f"impl: expected the name of one of the library's allreduce "
                              f"algorithms (or auto), got {impl!r}")
         if impl != "auto":
-            from ..natives import current
+            from ..natives import current, foreign_profile
 
-            current().check_impl(impl)  # ValueError naming the library's algorithms
+            if not foreign_profile():  # another library's profile: its names, warned at run
+                current().check_impl(impl)  # ValueError naming the library's algorithms
         comp = out.get("composition", "auto")
         if comp not in COMPOSITIONS:
             raise ValueError(f"composition: expected one of {', '.join(COMPOSITIONS)} (how "

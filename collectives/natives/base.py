@@ -9,8 +9,11 @@ library. Adding a library is one module here (and one import in ``__init__``).
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 #: The library's own selection, in every library.
@@ -62,6 +65,33 @@ class NativeLibrary:
         communicator: every rank prepares the same plan)."""
         self.check_impl(impl)
         return ctx, []
+
+
+#: The library a profile being read or run was tuned with ("" outside ``tuned_with``).
+_TUNED_WITH: contextvars.ContextVar[str] = contextvars.ContextVar("ringtune_tuned_with",
+                                                                  default="")
+
+
+@contextmanager
+def tuned_with(library: str | None) -> Iterator[None]:
+    """Inside: ``native`` parameters come from a profile tuned with ``library``. Where that
+    is another library than the running one, its ``impl`` names are that library's: not
+    checked against this one, and run as this library's default with one warning (the
+    Communicator also warns that the profile is stale), instead of failing the job."""
+    token = _TUNED_WITH.set(library or "")
+    try:
+        yield
+    finally:
+        _TUNED_WITH.reset(token)
+
+
+def foreign_profile() -> str:
+    """The library of the profile being read or run when it is not the running library
+    (see ``tuned_with``), else ""."""
+    name = _TUNED_WITH.get()
+    if not name:
+        return ""
+    return "" if name == current().lib_name else name
 
 
 _REGISTRY: dict[str, type[NativeLibrary]] = {}
