@@ -42,6 +42,8 @@ ALLREDUCE = 2
 COLLCOUNT = 22
 #: The library's name in a profile's ``library`` (``collectives.natives.openmpi``).
 LIBRARY = "Open MPI"
+#: Other libraries whose ``impl`` names this format maps onto its own (``_FROM_MPICH``).
+TRANSLATES = ("MPICH",)
 #: The release whose algorithms are assumed when neither the profile nor the installed
 #: library is an Open MPI.
 DEFAULT_VERSION = "5.0"

@@ -210,3 +210,21 @@ def test_mpich_compositions_go_to_the_ch4_file(tmp_path: Path) -> None:
     plain = tmp_path / "plain.json"
     assert export(str(PROFILE), "--format", "mpich", "--out", str(plain)).returncode == 0
     assert not (tmp_path / "plain.ch4.json").exists()
+
+
+def test_a_profile_of_another_library_is_refused_by_a_format_that_cannot_map_it(
+        tmp_path: Path) -> None:
+    """Open MPI's algorithm names in MPICH's file: one line, exit 2, nothing written."""
+    prof = tmp_path / "ompi.yaml"
+    prof.write_text(
+        "format: ringtune-profile\nversion: 1\nlibrary: {name: Open MPI, version: 5.0.11}\n"
+        "topology: {world_size: 2, hosts: 1, ranks_per_host: 2, summary: x}\n"
+        "backend: numpy\ntransport: mpi\nrules:\n- {min_bytes: 0, max_bytes: null, "
+        "algorithm: native, params: {impl: rabenseifner}}\n")
+    out = tmp_path / "t.json"
+    res = export(str(prof), "--format", "mpich", "--out", str(out))
+    assert res.returncode == 2, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert "tuned with Open MPI (impl rabenseifner)" in res.stderr
+    assert "use --format ompi" in res.stderr
+    assert not out.exists()
