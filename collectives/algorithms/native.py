@@ -57,8 +57,10 @@ class Native(Algorithm):
     def params_schema(cls) -> dict[str, Any]:
         return {"type": "object", "additionalProperties": False,
                 "properties": {"impl": {
-                    "description": "one of the library's own allreduce algorithms (MPICH's "
-                                   "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM choices), or auto",
+                    "description": "one of the running MPI library's own allreduce "
+                                   "algorithms (collectives.natives: MPICH's "
+                                   "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM choices, Open "
+                                   "MPI's coll_tuned_allreduce_algorithm), or auto",
                     "type": "string", "pattern": _IMPL_RE.pattern},
                     "composition": {
                         "description": "how MPICH composes the allreduce of intra- and "
