@@ -28,6 +28,9 @@ class NativeLibrary:
     name: ClassVar[str] = ""
     #: ``ringtune export --format`` of its own tuning file ("" when none).
     export_format: ClassVar[str] = ""
+    #: How the cost model times the library's default allreduce (``Cluster.native_model``):
+    #: ``"best"``, the fastest of the model's algorithms, unless a module knows better.
+    cost_model: ClassVar[str] = "best"
 
     def __init__(self, name: str = "", version: str = "") -> None:
         self.lib_name = name or self.name

@@ -17,6 +17,8 @@ class Mpich(NativeLibrary):
 
     name = "MPICH"
     export_format = "mpich"
+    #: MPICH's fixed selection by size, its node-aware composition (``autotune.model``).
+    cost_model = "mpich"
 
     def unavailable_reason(self) -> str:
         from ..mpit import unavailable_reason
