@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 HELP = "write a profile as MPICH / NCCL / Open MPI's own tuning file"
 
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_library(args: argparse.Namespace, prof: object, segments: list[object]) -> None:
+def _check_library(args: argparse.Namespace, prof: object, segments: Sequence[object]) -> None:
     """``UsageError`` when the profile names algorithms (``impl``) of another MPI library
     than the format's and the format cannot translate them (a file for another library)."""
     import importlib
