@@ -33,6 +33,10 @@ AB_ROUNDS = 3
 #: A re-measurement this many times slower or faster than the same run's search measured
 #: the same configuration is not noise: measured again, and if it persists the tune stops.
 DISAGREEMENT = 10.0
+#: ``stop`` (default): such a persistent disagreement stops the tune; ``warn``: one warning
+#: and the A/B times are kept (test suites that run more ranks than cores on purpose and
+#: check correctness, not speed).
+TIMING_CHECK_ENV = "RINGTUNE_TIMING_CHECK"
 #: Rounds of the confirmation of a non-native winner: native and the winner side by side,
 #: the order alternated so that a drift of the machine's load favours neither.
 CONFIRM_ROUNDS = 3
@@ -124,7 +128,8 @@ def check_against_search(summary: BucketSummary, configs: Sequence[Config],
     configuration at the same size. One that disagrees by more than ``DISAGREEMENT`` times
     is measured once more (``remeasure``: collective, as every timing); if it still
     disagrees, ``TuneError`` (every rank sees the same agreed times) names the likely cause
-    and nothing is written; else returns ``{index: the new time}`` to use instead."""
+    and nothing is written (``RINGTUNE_TIMING_CHECK=warn``: a warning, the times kept);
+    else returns ``{index: the new time}`` to use instead."""
     from .records import TuneError
 
     search: dict[Any, float] = {c.key: t for c, t in summary.top}
@@ -139,7 +144,7 @@ def check_against_search(summary: BucketSummary, configs: Sequence[Config],
         if t > 0 and _apart(t, ref) <= DISAGREEMENT:
             out[j] = t
             continue
-        raise TuneError(
+        error = TuneError(
             f"bucket {summary.nbytes} B: {c.text()} took {medians[j]:.1f} us, then "
             f"{t:.1f} us, when re-measured against native, but {ref:.1f} us in this run's "
             f"search ({_apart(t if t > 0 else medians[j], ref):.0f}x apart): the timings "
@@ -147,7 +152,26 @@ def check_against_search(summary: BucketSummary, configs: Sequence[Config],
             "oversubscribed ranks (more ranks than cores, or mpiexec --oversubscribe, which "
             "leaves ranks unbound, or other work on the cores): tune with at most one rank "
             "per core, bound to it")
+        if timing_check() == "stop":
+            raise error
+        import warnings
+
+        warnings.warn(f"{error} ({TIMING_CHECK_ENV}=warn: kept)", RuntimeWarning,
+                      stacklevel=2)
     return out
+
+
+def timing_check() -> str:
+    """``RINGTUNE_TIMING_CHECK``: ``stop`` (default) or ``warn``; ``TuneError`` (bad input)
+    for anything else."""
+    import os
+
+    from .records import TuneError
+
+    value = os.environ.get(TIMING_CHECK_ENV, "stop").strip().lower() or "stop"
+    if value not in ("stop", "warn"):
+        raise TuneError(f"{TIMING_CHECK_ENV}={value!r}: expected stop or warn", usage=True)
+    return value
 
 
 def _apart(a: float, b: float) -> float:

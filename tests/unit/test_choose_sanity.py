@@ -39,7 +39,9 @@ def test_a_one_off_disagreement_is_measured_again_and_replaced() -> None:
 
 
 @pytest.mark.parametrize("first,second", [(16000.0, 15800.0), (0.5, 0.6)])
-def test_a_persistent_disagreement_stops_the_tune(first: float, second: float) -> None:
+def test_a_persistent_disagreement_stops_the_tune(first: float, second: float,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RINGTUNE_TIMING_CHECK", raising=False)
     with pytest.raises(TuneError) as info:
         check_against_search(summary(), [NATIVE, RING], [first, 10.0], lambda c: second)
     msg = str(info.value)
@@ -52,3 +54,14 @@ def test_configurations_the_search_did_not_measure_here_are_not_compared() -> No
     other = Config("rhd")
     out = check_against_search(summary(), [other], [1e9], lambda c: pytest.fail("timed"))
     assert out == {}
+
+
+def test_warn_mode_keeps_the_times_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RINGTUNE_TIMING_CHECK", "warn")
+    with pytest.warns(RuntimeWarning, match="unpinned or oversubscribed.*=warn: kept"):
+        out = check_against_search(summary(), [NATIVE], [16000.0], lambda c: 15000.0)
+    assert out == {}
+    monkeypatch.setenv("RINGTUNE_TIMING_CHECK", "maybe")
+    with pytest.raises(TuneError, match="expected stop or warn") as info:
+        check_against_search(summary(), [NATIVE], [16000.0], lambda c: 15000.0)
+    assert info.value.usage
