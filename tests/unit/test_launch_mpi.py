@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,42 @@ def test_cli_without_an_mpi_library_says_what_to_install() -> None:
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "mpi4py found no MPI library" in lines[0], lines
     assert "ringtune[mpich]" in lines[0]
+
+
+def _fake_open_mpi_launcher(tmp_path: Path) -> Path:
+    """An 'mpiexec' that says it is Open MPI's; run as a launcher it would start nothing."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpiexec (Open MPI) 5.0.11'\nexit 0\n")
+    fake.chmod(0o755)
+    return fake
+
+
+def _cli(*args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_"))}
+    env.pop("RINGTUNE_LAUNCHED", None)
+    env.update(PYTHONPATH=str(root), **env_extra)
+    return subprocess.run([sys.executable, "-m", "ringtune.cli", *args], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=root)
+
+
+@pytest.mark.skipif(launch.library_family() == "openmpi", reason="needs a non-Open MPI mpi4py")
+def test_self_launch_with_another_librarys_launcher_is_refused(tmp_path: Path) -> None:
+    out = _cli("bench", "-np", "2", "-b", "4K", "-e", "4K",
+               RINGTUNE_MPIEXEC=str(_fake_open_mpi_launcher(tmp_path)))
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is Open MPI's launcher but mpi4py loads" in lines[0], lines
+
+
+def test_emulate_refuses_open_mpis_launcher_naming_what_to_install(tmp_path: Path) -> None:
+    out = _cli("emulate", "--cluster", "profiles/clusters/emulated-2x2.yaml", "--", "true",
+               RINGTUNE_MPIEXEC=str(_fake_open_mpi_launcher(tmp_path)))
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "is Open MPI's launcher" in lines[0] and "ringtune[mpich]" in lines[0]
+    assert "-hosts" not in lines[0]  # nothing of Hydra's was passed to it
