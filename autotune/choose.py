@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from collectives import Communicator, __version__
@@ -30,6 +30,13 @@ from .records import BucketSummary, Choice, TuneOptions
 AB_SHARE = 0.15
 #: Interleaved A/B rounds per bucket; each round times native and every candidate once.
 AB_ROUNDS = 3
+#: A re-measurement this many times slower or faster than the same run's search measured
+#: the same configuration is not noise: measured again, and if it persists the tune stops.
+DISAGREEMENT = 10.0
+#: ``stop`` (default): such a persistent disagreement stops the tune; ``warn``: one warning
+#: and the A/B times are kept (test suites that run more ranks than cores on purpose and
+#: check correctness, not speed).
+TIMING_CHECK_ENV = "RINGTUNE_TIMING_CHECK"
 #: Rounds of the confirmation of a non-native winner: native and the winner side by side,
 #: the order alternated so that a drift of the machine's load favours neither.
 CONFIRM_ROUNDS = 3
@@ -79,6 +86,11 @@ def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[Buck
             times[j].append(timed(c, timing.warmup, timing.iters))
     runtime.clear_plans()
     med = [_median(t) for t in times]
+    again = check_against_search(s, everyone, med,
+                                 lambda c: timed(c, timing.warmup, timing.iters))
+    for j, t in again.items():
+        times[j], med[j] = [t], t
+    runtime.clear_plans()
     native_t = med[0]
     best_j = min(range(len(everyone)), key=lambda j: med[j])
     note = ""
@@ -107,6 +119,64 @@ def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[Buck
     return Choice(nbytes, everyone[best_j], med[best_j], native_t,
                   busbw(nbytes, med[best_j], n), busbw(nbytes, native_t, n),
                   [(everyone[j], med[j]) for j in range(len(med))], note=note)
+
+
+def check_against_search(summary: BucketSummary, configs: Sequence[Config],
+                         medians: Sequence[float],
+                         remeasure: Callable[[Config], float]) -> dict[int, float]:
+    """Compare each A/B median with what this run's search measured for the same
+    configuration at the same size. One that disagrees by more than ``DISAGREEMENT`` times
+    is measured once more (``remeasure``: collective, as every timing); if it still
+    disagrees, ``TuneError`` (every rank sees the same agreed times) names the likely cause
+    and nothing is written (``RINGTUNE_TIMING_CHECK=warn``: a warning, the times kept);
+    else returns ``{index: the new time}`` to use instead."""
+    from .records import TuneError
+
+    search: dict[Any, float] = {c.key: t for c, t in summary.top}
+    for c, t in summary.best_by_algorithm.values():
+        search.setdefault(c.key, t)
+    out: dict[int, float] = {}
+    for j, c in enumerate(configs):
+        ref = search.get(c.key)
+        if not ref or ref <= 0 or medians[j] <= 0 or _apart(medians[j], ref) <= DISAGREEMENT:
+            continue
+        t = remeasure(c)
+        if t > 0 and _apart(t, ref) <= DISAGREEMENT:
+            out[j] = t
+            continue
+        error = TuneError(
+            f"bucket {summary.nbytes} B: {c.text()} took {medians[j]:.1f} us, then "
+            f"{t:.1f} us, when re-measured against native, but {ref:.1f} us in this run's "
+            f"search ({_apart(t if t > 0 else medians[j], ref):.0f}x apart): the timings "
+            "cannot be trusted, so no profile was written; the likely cause is unpinned or "
+            "oversubscribed ranks (more ranks than cores, or mpiexec --oversubscribe, which "
+            "leaves ranks unbound, or other work on the cores): tune with at most one rank "
+            "per core, bound to it")
+        if timing_check() == "stop":
+            raise error
+        import warnings
+
+        warnings.warn(f"{error} ({TIMING_CHECK_ENV}=warn: kept)", RuntimeWarning,
+                      stacklevel=2)
+    return out
+
+
+def timing_check() -> str:
+    """``RINGTUNE_TIMING_CHECK``: ``stop`` (default) or ``warn``; ``TuneError`` (bad input)
+    for anything else."""
+    import os
+
+    from .records import TuneError
+
+    value = os.environ.get(TIMING_CHECK_ENV, "stop").strip().lower() or "stop"
+    if value not in ("stop", "warn"):
+        raise TuneError(f"{TIMING_CHECK_ENV}={value!r}: expected stop or warn", usage=True)
+    return value
+
+
+def _apart(a: float, b: float) -> float:
+    """How many times apart two positive times are (>= 1)."""
+    return max(a, b) / min(a, b)
 
 
 def noise(times: Sequence[float]) -> float:

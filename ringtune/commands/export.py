@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 HELP = "write a profile as MPICH / NCCL / Open MPI's own tuning file"
 
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.out)
     prof = load_profile(args.profile)
     shapes = [(prof, plan(prof))]  # the main shape must have something to export
+    _check_library(args, prof, shapes[0][1])
     for w in sorted(set(tuned_sizes(prof.raw)) - {prof.world_size}):
         sec = load_profile(args.profile, world_size=w)
         try:
@@ -80,3 +82,28 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _check_library(args: argparse.Namespace, prof: object, segments: Sequence[object]) -> None:
+    """``UsageError`` when the profile names algorithms (``impl``) of another MPI library
+    than the format's and the format cannot translate them (a file for another library)."""
+    import importlib
+
+    from ringtune.errors import UsageError
+
+    mod = importlib.import_module(f"ringtune.export.{args.format}")
+    own = getattr(mod, "LIBRARY", "")
+    raw = getattr(prof, "raw", None) or {}
+    lib = raw.get("library") if isinstance(raw, dict) else None
+    tuned = str(lib.get("name", "")) if isinstance(lib, dict) else ""
+    if not own or not tuned or tuned == own or tuned in getattr(mod, "TRANSLATES", ()):
+        return
+    impls = sorted({str(getattr(s, "impl", "auto")) for s in segments} - {"auto"})
+    if impls:
+        from collectives.natives import for_name
+
+        theirs = for_name(tuned).export_format
+        fix = f"use --format {theirs}" if theirs else f"there is no {tuned} format"
+        raise UsageError(f"{args.profile}: tuned with {tuned} (impl {', '.join(impls)}); "
+                         f"--format {args.format} writes {own}'s file, which has no such "
+                         f"algorithms: {fix}, or re-tune with {own}")

@@ -58,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--repetitions: expected at least 1, got {args.repetitions}")
     comm = None
     if under_mpiexec():
-        from mpi4py import MPI
+        from ringtune.launch import mpi_world
 
-        comm = MPI.COMM_WORLD
+        comm = mpi_world()
     topo = probes.detect(comm, measure=args.measure, topology_file=args.topology,
                          message_bytes=args.measure_bytes, repetitions=args.repetitions)
     if comm is not None and comm.Get_rank() != 0:

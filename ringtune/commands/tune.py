@@ -170,14 +170,14 @@ def run(args: argparse.Namespace) -> int:
 
     opts = _options(args)
     if not under_mpiexec() and not os.environ.get("RINGTUNE_LAUNCHED"):
-        return relaunch(getattr(args, "_argv", sys.argv[1:]), args.np)
-
-    from mpi4py import MPI
+        return relaunch(getattr(args, "_argv", sys.argv[1:]), args.np, args.oversubscribe)
 
     from autotune.report import profile_heading, rule_table, write_report
     from autotune.tuning import TuneError, tune
 
-    comm = MPI.COMM_WORLD
+    from ..launch import mpi_world
+
+    comm = mpi_world()  # no MPI, or another library's launcher: one line
     rank = comm.Get_rank()
     if rank == 0:
         print(f"ringtune tune: {comm.Get_size()} ranks, {len(opts.buckets)} bucket(s) "

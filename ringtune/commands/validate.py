@@ -45,11 +45,11 @@ def run(args: argparse.Namespace) -> int:
                     f"{prof.world_size} (the ranks --against-topology launches)")
         return relaunch(getattr(args, "_argv", sys.argv[1:]), prof.world_size)
 
-    from mpi4py import MPI
-
     from autotune.tuning import world_identity
 
-    comm = MPI.COMM_WORLD
+    from ..launch import mpi_world
+
+    comm = mpi_world()
     here = world_identity(comm)
     rank = launch_rank()
     problem = None

@@ -42,6 +42,9 @@ from collectives.profile import Profile
 
 from . import DEFAULT, Segment
 
+#: The library whose file this is (a profile's ``library.name``); it maps no other's impl names.
+LIBRARY = "MPICH"
+TRANSLATES: tuple[str, ...] = ()
 ENV_FILE = "MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE"
 CH4_ENV_FILE = "MPIR_CVAR_CH4_COLL_SELECTION_TUNING_JSON_FILE"
 #: ``avg_msg_size<=N`` is read with ``atoi``: larger bounds would overflow.

@@ -48,7 +48,8 @@ def test_readers_follow_the_grammar() -> None:
                      "nRanks": 3}]
     rules = ompi.parse((ROOT / GOLDEN / "expected.ompi.rules").read_text())
     assert rules == {2: {3: [(0, 0, 0, 0), (16384, 5, 0, 65536), (4194304, 6, 0, 0),
-                             (67108864, 0, 0, 0)]}}
+                             (67108864, 0, 0, 0)],
+                         4: [(0, 0, 0, 0)]}}  # larger communicators: the library's choice
     for bad in ("allreduce,0,10,ring,simple,1,1\n", "allreduce,0,10,rings,simple,1,1,1\n",
                 "allreduce,0,10,ring,simple,1,1,1,-5\n", "#" + "x" * 300 + "\n"):
         with pytest.raises(ValueError):
@@ -58,6 +59,10 @@ def test_readers_follow_the_grammar() -> None:
                 "1\n2\n1\n4\n1\n0 9 0 0\n", "1\n2\n1\n4\n2\n0 4 0 0\n"):
         with pytest.raises(ValueError):
             ompi.parse(bad)
+    # allgather_reduce (7) is Open MPI 6.0's: 5.0.x fails the allreduce on it.
+    assert ompi.parse("1\n2\n1\n4\n1\n0 7 0 0\n", "6.0.0")[2][4] == [(0, 7, 0, 0)]
+    with pytest.raises(ValueError, match="algorithm 7 is not one of Open MPI 5.0.11's"):
+        ompi.parse("1\n2\n1\n4\n1\n0 7 0 0\n", "5.0.11")
 
 
 def test_plan_substitutes_the_best_native_candidate_per_bucket() -> None:
@@ -138,7 +143,8 @@ def test_several_shapes_export_one_branch_each(tmp_path: Path) -> None:
     res = export(str(prof), "--format", "ompi")
     assert res.returncode == 0, res.stderr
     rules = ompi.parse(res.stdout)
-    assert sorted(rules[2]) == [2, 3]
+    assert sorted(rules[2]) == [2, 3, 4]
+    assert rules[2][4] == [(0, 0, 0, 0)]
     assert rules[2][2] == [(0, 4, 0, 0), (1048576, 4, 0, 0)]
     res = export(str(prof), "--format", "nccl")
     assert res.returncode == 0, res.stderr
@@ -204,3 +210,21 @@ def test_mpich_compositions_go_to_the_ch4_file(tmp_path: Path) -> None:
     plain = tmp_path / "plain.json"
     assert export(str(PROFILE), "--format", "mpich", "--out", str(plain)).returncode == 0
     assert not (tmp_path / "plain.ch4.json").exists()
+
+
+def test_a_profile_of_another_library_is_refused_by_a_format_that_cannot_map_it(
+        tmp_path: Path) -> None:
+    """Open MPI's algorithm names in MPICH's file: one line, exit 2, nothing written."""
+    prof = tmp_path / "ompi.yaml"
+    prof.write_text(
+        "format: ringtune-profile\nversion: 1\nlibrary: {name: Open MPI, version: 5.0.11}\n"
+        "topology: {world_size: 2, hosts: 1, ranks_per_host: 2, summary: x}\n"
+        "backend: numpy\ntransport: mpi\nrules:\n- {min_bytes: 0, max_bytes: null, "
+        "algorithm: native, params: {impl: rabenseifner}}\n")
+    out = tmp_path / "t.json"
+    res = export(str(prof), "--format", "mpich", "--out", str(out))
+    assert res.returncode == 2, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert "tuned with Open MPI (impl rabenseifner)" in res.stderr
+    assert "use --format ompi" in res.stderr
+    assert not out.exists()

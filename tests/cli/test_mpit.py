@@ -50,21 +50,32 @@ def test_import_collectives_stays_light() -> None:
 
 
 def test_another_mpi_has_only_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library ringtune does not know: MPICH's algorithms are not offered, native's
+    space is empty, an ``impl`` is a ValueError naming what the library has (as the README
+    promises), and a warning says once that only the default runs."""
+    from collectives import natives
     from collectives.algorithms import get_algorithm
-    from collectives.algorithms import native as native_mod
+    from collectives.natives import base
 
     mpit._mpit.cache_clear()
     mpit._table.cache_clear()
-    monkeypatch.setattr(mpit, "library", lambda: ("Open MPI", "5.0.6"))
-    monkeypatch.setattr(native_mod, "_warned", set())
+    base.current.cache_clear()
+    monkeypatch.setattr(mpit, "library", lambda: ("Foo MPI", "1.2"))
+    monkeypatch.setattr(base, "_warned", set())
     try:
         assert mpit.native_algorithms() == []
-        assert "Open MPI 5.0.6 is not MPICH" in mpit.unavailable_reason()
+        assert "Foo MPI 1.2 is not MPICH" in mpit.unavailable_reason()
+        with pytest.warns(RuntimeWarning, match="Foo MPI 1.2 is an MPI library ringtune "
+                                                "does not know.*impl=auto"):
+            lib = natives.current()
+        assert lib.algorithms() == []
         cls = get_algorithm("native")
         assert cls.search_space(None, 4, 1 << 20) == {}  # the trial is never asked
-        assert cls.check_params({"impl": "ring"}, 4) == {"impl": "ring"}
-        with pytest.warns(RuntimeWarning, match="running the library's default"):
-            assert native_mod._selector("ring", "mpi") is None
+        assert cls.check_params({"impl": "auto"}, 4) == {"impl": "auto"}
+        with pytest.raises(ValueError, match=r"impl: 'ring' is not an allreduce algorithm "
+                                             r"of Foo MPI 1.2 \(it has auto;"):
+            cls.check_params({"impl": "ring"}, 4)
     finally:
         mpit._mpit.cache_clear()
         mpit._table.cache_clear()
+        base.current.cache_clear()
