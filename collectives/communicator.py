@@ -71,10 +71,18 @@ class Communicator:
     ``profile``: a path or a loaded ``Profile``; ``None`` reads ``$RINGTUNE_PROFILE``, else
     the built-in heuristic. ``strict``: raise instead of warning when the profile was tuned
     on a different topology (also ``RINGTUNE_STRICT=1``).
+
+    ``tune="online"`` (or ``RINGTUNE_TUNE=online``): choose each message size's algorithm
+    on the job's own calls (``collectives.online``); ``tune_out`` (or
+    ``RINGTUNE_TUNE_OUT``): the profile file rank 0 writes the settled choices to at
+    ``close()``, at exit or at ``save_tuning()``; ``tune_options``: ``calls``, ``samples``,
+    ``share``, ``candidates``, ``margin``, ``prune``, ``seed`` (``RINGTUNE_TUNE_*``).
     """
 
     def __init__(self, comm: Any, profile: str | os.PathLike[str] | Profile | None = None,
-                 strict: bool = False, topology: Any = None) -> None:
+                 strict: bool = False, topology: Any = None, tune: str | None = None,
+                 tune_out: str | os.PathLike[str] | None = None,
+                 tune_options: Mapping[str, Any] | None = None) -> None:
         log_level()  # an unknown RINGTUNE_LOG: ValueError on every rank, before any message
         _check_world(comm)
         self.comm = comm
@@ -89,18 +97,38 @@ class Communicator:
         #: Why the given profile was set aside for built-in defaults (topology mismatch);
         #: ``None`` when it is in use or none was given. ``explain`` says it.
         self.set_aside: str | None = None
+        #: Online tuning (``collectives.online``), ``None`` when off.
+        self.online: Any = None
         loaded = self._resolve_profile(profile)
         if isinstance(loaded, Profile) and "library" in loaded.raw:
             from .mpit import warn_other_library
 
             warn_other_library(loaded)
-        #: The profile in use (built-in defaults where none was given or it was set aside).
-        self.profile: Profile
-        self.profile, self.hosts = self._agree_at_construction(loaded)
-        name_abrupt_exits(comm)  # os._exit on this rank says which rank (abort.py)
-        if self.topology is None:
-            self.topology = self._detect_topology()
-        self._check_fingerprint()
+        from .online import prepare_settings
+
+        # Read on every rank, agreed on in the construction's allgather: an unknown value,
+        # an unwritable output or ranks that differ fail together, before any step.
+        tune_setting, tune_lock = prepare_settings(self.rank, tune, tune_out, tune_options)
+        try:
+            #: The profile in use (built-in defaults where none was given or set aside).
+            self.profile: Profile
+            self.profile, self.hosts, tuning = self._agree_at_construction(loaded,
+                                                                           tune_setting)
+            name_abrupt_exits(comm)  # os._exit on this rank says which rank (abort.py)
+            if self.topology is None:
+                self.topology = self._detect_topology()
+            self._check_fingerprint()
+            if tuning is not None:
+                from .online import OnlineTuner, refuse_set_aside
+
+                self.online = OnlineTuner(self, tuning[0], tuning[1], tune_lock)
+                refuse_set_aside(self)
+        except BaseException:
+            if self.online is not None:
+                self.online.discard()
+            elif tune_lock is not None:
+                tune_lock.release()
+            raise
         #: RINGTUNE_LOG=debug: one line per call (rank 0), checked once here, not per call.
         self._log_calls = self.rank == 0 and log.isEnabledFor(logging.DEBUG)
         self._calls = 0
@@ -133,15 +161,16 @@ class Communicator:
         except OSError as exc:
             return ProfileError(f"{path}: cannot read profile: {exc.strerror or exc}")
 
-    def _agree_at_construction(self, prof: Profile | Exception
-                               ) -> tuple[Profile, tuple[int, ...]]:
+    def _agree_at_construction(self, prof: Profile | Exception, tune_setting: Any = ("off",)
+                               ) -> tuple[Profile, tuple[int, ...], Any]:
         """One allgather: host names (for ring orders), and the profile's digest and
         backend, which must be equal on every rank; returns the profile and each rank's
-        host index. A profile that failed to load on any rank, or a disagreement, raises
-        the same on every rank. The digest is the file's bytes' (``Profile.source_digest``)
-        where a file was read; only where those differ (another copy laid out otherwise, or
-        a ``Profile`` object) is the content hash computed and compared, in a second
-        allgather."""
+        host index, and the online tuning settings every rank set alike
+        (``collectives.online.agree_settings``). A profile that failed to load on any rank,
+        bad tuning settings, or a disagreement, raises the same on every rank. The digest is
+        the file's bytes' (``Profile.source_digest``) where a file was read; only where those
+        differ (another copy laid out otherwise, or a ``Profile`` object) is the content
+        hash computed and compared, in a second allgather."""
         from mpi4py import MPI
 
         mine = (
@@ -149,15 +178,19 @@ class Communicator:
             None if isinstance(prof, Exception) else prof.source_digest or prof.sha256,
             str(prof) if isinstance(prof, Exception) else None,
             None if isinstance(prof, Exception) else prof.backend,
+            tune_setting,
         )
         everyone = self.comm.allgather(mine)
-        errors = [(r, e) for r, (_, _, e, _) in enumerate(everyone) if e]
+        errors = [(r, e) for r, (_, _, e, _, _) in enumerate(everyone) if e]
         if errors:
             r, e = errors[0]
             raise ProfileError(e if r == self.rank or len(errors) == len(everyone)
                                else f"rank {r}: {e}")
         assert isinstance(prof, Profile)  # this rank's load error would be in ``errors``
-        hashes = {h for _, h, _, _ in everyone}
+        from .online import agree_settings
+
+        tuning = agree_settings([t for *_, t in everyone], self.rank)
+        hashes = {h for _, h, _, _, _ in everyone}
         if len(hashes) > 1:
             # Every rank saw the same list, so every rank takes this branch: files that
             # differ byte for byte may still hold the same profile.
@@ -172,12 +205,12 @@ class Communicator:
                 f"ranks loaded different profiles ({detail}): give every rank the same "
                 "file (same RINGTUNE_PROFILE and content on every host)"
             )
-        backends = {b for _, _, _, b in everyone}
+        backends = {b for _, _, _, b, _ in everyone}
         if len(backends) > 1:
             raise AgreementError(f"ranks disagree on the backend ({sorted(backends)}): every "
                                  "rank must use the same profile and buffer kind")
         names: dict[str, int] = {}
-        return prof, tuple(names.setdefault(name, len(names)) for name, _, _, _ in everyone)
+        return prof, tuple(names.setdefault(name, len(names)) for name, *_ in everyone), tuning
 
     def _detect_topology(self) -> Any:
         """Probe this world once (collective, ~0.1 s; ``$RINGTUNE_TOPOLOGY`` replaces
@@ -230,8 +263,14 @@ class Communicator:
 
     # -- choosing -------------------------------------------------------------------
 
-    def plan_for(self, nbytes: int) -> Plan:
-        """The plan the profile picks for a message of ``nbytes`` bytes."""
+    def plan_for(self, nbytes: int, tuned: bool = True) -> Plan:
+        """The plan the profile picks for a message of ``nbytes`` bytes; with online tuning
+        (and ``tuned``), the choice settled for that size once it has settled."""
+        if tuned and self.online is not None:
+            won = self.online.settled_for(int(nbytes))
+            if won is not None:
+                return Plan(won.algorithm, dict(won.params), won.transport or
+                            self.profile.transport, "online", None, int(nbytes), int(nbytes))
         prof = self.profile
         idx, rule = prof.select(int(nbytes))
         return Plan(
@@ -250,6 +289,9 @@ class Communicator:
         p = self.plan_for(nbytes)
         hi = "∞" if p.max_bytes is None else str(p.max_bytes)
         params = f" ({p.describe_params()})" if p.params else ""
+        if p.source == "online":
+            return (f"{nbytes} B -> {p.algorithm}{params} over {p.transport}: settled by "
+                    f"online tuning in this job ({self.online.settled_reason(int(nbytes))})")
         prof = self.profile
         if not prof.builtin:
             src = f"profile {prof.path}"
@@ -297,6 +339,11 @@ class Communicator:
         prepared = self._plans.get(key)
         cached = prepared is not None
         if prepared is None:
+            if self.online is not None and algorithm is None and transport is None \
+                    and not params:
+                # Not settled yet (a settled size's plan is cached under ``key``).
+                self.online.call(key, flat, backend, op)
+                return buf
             prepared = self._prepare(key, flat, backend, op, algorithm, transport, params)
         if self._log_calls:
             self._log_call(prepared, flat, op, cached)
@@ -454,11 +501,48 @@ class Communicator:
         tuner calls it between candidates so memory does not grow with every trial."""
         self._plans.clear()
 
+    def save_tuning(self, path: str | os.PathLike[str] | None = None) -> str | None:
+        """Online tuning: write the choices settled so far as a profile (rank 0, atomically;
+        ``path`` or the ``tune_out`` file). Returns the path on rank 0, ``None`` elsewhere.
+        Not collective. ``ValueError`` when online tuning is off."""
+        if self.online is None:
+            raise ValueError(f"rank {self.rank}: save_tuning: online tuning is off; build the "
+                             "Communicator with tune='online' (or RINGTUNE_TUNE=online)")
+        return self.online.save(None if path is None else os.fspath(path))
+
+    def enable_online(self, tune_out: str | os.PathLike[str] | None = None,
+                      tune_options: Mapping[str, Any] | None = None,
+                      tune: str | None = "online") -> None:
+        """Turn online tuning on for an existing communicator (``HookState(tune=...)``);
+        collective: the ranks' settings are compared (one allgather) and bad or differing
+        ones raise on every rank. Keeps the tuning already on."""
+        from .online import OnlineTuner, agree_settings, prepare_settings, refuse_set_aside
+
+        # Already tuning (RINGTUNE_TUNE): its own output and lock stand.
+        setting, lock = prepare_settings(self.rank, tune, tune_out, tune_options,
+                                         take_lock=self.online is None)
+        try:
+            tuning = agree_settings(self.comm.allgather(setting), self.rank)
+            if tuning is None or self.online is not None:
+                return
+            self.online = OnlineTuner(self, tuning[0], tuning[1], lock)
+            refuse_set_aside(self)
+        except BaseException:
+            if self.online is not None:
+                self.online.discard()
+                self.online = None
+            elif lock is not None:
+                lock.release()
+            raise
+
     def close(self) -> None:
-        """Free scratch buffers and transport resources (NCCL communicators)."""
+        """Free scratch buffers and transport resources (NCCL communicators); with online
+        tuning, rank 0 first writes the tuned profile (``tune_out``)."""
         from .exchange import close_exchanger
 
         close_exchanger(self)  # after the communication thread's queued work
+        if self.online is not None:
+            self.online.close()
         self._plans.clear()
         for ctx in self._contexts.values():
             ctx.close()
