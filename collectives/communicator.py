@@ -521,15 +521,20 @@ class Communicator:
         # Already tuning (RINGTUNE_TUNE): its own output and lock stand.
         setting, lock = prepare_settings(self.rank, tune, tune_out, tune_options,
                                          take_lock=self.online is None)
+        made = None
         try:
             tuning = agree_settings(self.comm.allgather(setting), self.rank)
+            if tuning is None and self.online is not None:
+                raise ValueError(f"rank {self.rank}: tune={tune!r} on a Communicator that "
+                                 "tunes online (RINGTUNE_TUNE=online or its tune=): leave "
+                                 "tune unset, or build the Communicator without tuning")
             if tuning is None or self.online is not None:
                 return
-            self.online = OnlineTuner(self, tuning[0], tuning[1], lock)
+            self.online = made = OnlineTuner(self, tuning[0], tuning[1], lock)
             refuse_set_aside(self)
         except BaseException:
-            if self.online is not None:
-                self.online.discard()
+            if made is not None:
+                made.discard()
                 self.online = None
             elif lock is not None:
                 lock.release()

@@ -562,11 +562,18 @@ class OnlineTuner:
             comm.run_prepared(self._install(key, flat, backend, op, config), flat)
             self.explore_seconds += time.perf_counter() - t0
             return
-        prepared = self._candidate(key, index, flat, backend, op, config)
         if action == "hold":
-            comm.run_prepared(prepared, flat)
+            comm.run_prepared(self._candidate(key, index, flat, backend, op, config), flat)
             self.explore_seconds += time.perf_counter() - t0
             return
+        try:
+            prepared = self._candidate(key, index, flat, backend, op, config)
+        except (ValueError, TypeError) as exc:
+            if index == 0:
+                raise  # the job's own choice: its usual error, alike on every rank
+            # Refused while planning (validation, alike on every rank): nothing ran.
+            prepared = f"rank {comm.rank}: {type(exc).__name__}: " + (
+                str(exc).strip().splitlines() or [""])[0][:200]
         self._explore(key, index, prepared, flat, backend, op, incumbent, t0)
 
     def _decide(self, key: Any, nbytes: int, incumbent: Plan,
@@ -617,10 +624,13 @@ class OnlineTuner:
 
     def _explore(self, key: Any, index: int, prepared_or_none: Any, flat: Any, backend: Any,
                  op: str, incumbent: Plan, t0: float) -> None:
+        """Run and time candidate ``index`` (a prepared plan, or why it was refused), then
+        share every rank's time and failure: a failure anywhere drops it everywhere and the
+        call completes with the incumbent from the kept input."""
         comm = self.comm
-        failure = ""
+        failure = prepared_or_none if isinstance(prepared_or_none, str) else ""
         backup = None
-        if index != 0:
+        if index != 0 and not failure:
             # A failed candidate may leave the buffer half reduced: keep the input to
             # complete the call with the incumbent instead.
             backup = backend.empty(int(flat.size), str(flat.dtype))
@@ -629,11 +639,12 @@ class OnlineTuner:
                 backend.synchronize()
         start = time.perf_counter()
         try:
-            prepared_or_none.run(flat)
-            if prepared_or_none.avg:
-                backend.divide(flat, comm.size)
-            if backend.on_gpu:
-                backend.synchronize()
+            if not failure:
+                prepared_or_none.run(flat)
+                if prepared_or_none.avg:
+                    backend.divide(flat, comm.size)
+                if backend.on_gpu:
+                    backend.synchronize()
         except Exception as exc:  # noqa: BLE001 - decided on every rank, below
             if index == 0:
                 # The incumbent is what the job runs anyway: the usual error path.

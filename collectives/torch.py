@@ -29,6 +29,11 @@ Modes (``HookState(comm, staleness=..., average_every=...)``; both off by defaul
   gradients and ``state.average_parameters(model.parameters())`` after ``optimizer.step()``
   averages the parameters every H-th step (call it every step).
 
+Online tuning (``HookState(comm, tune="online", tune_out=FILE)``, or the communicator's own
+``RINGTUNE_TUNE=online``): each bucket size's algorithm is chosen on the job's first steps
+and kept (``collectives.online``); buckets of a size still exploring take the full path,
+settled ones the cached plan. Every rank must pass the same tuning arguments.
+
 Channels (``HookState(comm, channels=2)``, off by default): bucket i is averaged on
 channel i % 2, each channel a duplicate of ``comm`` with its own communication thread, so
 that two buckets are in flight at once: on a tiered cluster one bucket's inter-host phase
@@ -109,7 +114,8 @@ class HookState:
     """State of ``ddp_hook``: the ``Communicator``, its communication thread, the mode."""
 
     def __init__(self, comm: Any, staleness: int = 0, average_every: int = 1,
-                 channels: int = 1) -> None:
+                 channels: int = 1, tune: str | None = None, tune_out: Any = None,
+                 tune_options: Any = None) -> None:
         from .communicator import Communicator
 
         if not isinstance(comm, Communicator):
@@ -129,6 +135,16 @@ class HookState:
             raise ValueError(f"rank {comm.rank}: channels must be an integer 1..{MAX_CHANNELS},"
                              f" got {channels!r}")
         _check_ddp_world(comm)
+        if tune is None:
+            tune = "online" if comm.online is not None or tune_out is not None \
+                or tune_options is not None else "off"
+        # Online tuning of the buckets (collectives.online): one allgather compares every
+        # rank's tuning arguments (ranks that differ fail together, before any step); on
+        # the calling thread, before the communication thread starts.
+        comm.enable_online(tune_out=tune_out, tune_options=tune_options, tune=tune)
+        if comm.online is not None and channels > 1:
+            raise ValueError(f"rank {comm.rank}: online tuning explores on one channel: use "
+                             "channels=1 with tune='online' (or RINGTUNE_TUNE=online)")
         self.comm = comm
         self.rank: int = comm.rank
         self.world: int = comm.size
