@@ -478,6 +478,9 @@ class _Settled:
     incumbent_us: float | None = None
     reason: str = ""
     earlier: bool = False  # settled by an earlier job's profile
+    #: The fastest of the library's own allreduce measured here: (params, seconds), what
+    #: ``ringtune export`` writes for a rule the library cannot run.
+    native: tuple[dict[str, Any], float] | None = None
 
 
 class OnlineTuner:
@@ -701,6 +704,12 @@ class OnlineTuner:
         s, inc = sc.score(win), sc.score(0)
         st.time_us = None if s is None else s * 1e6
         st.incumbent_us = None if inc is None else inc * 1e6
+        natives = [(t, dict(c.params)) for i, c in enumerate(sc.candidates)
+                   if c.algorithm == "native" and (t := sc.score(i)) is not None
+                   and not sc.dropped.get(i, "").startswith("failed")]
+        if natives:
+            t, params = min(natives, key=lambda x: x[0])
+            st.native = (params, t)
         if log.isEnabledFor(logging.INFO):
             vs = ""
             if s is not None and inc is not None and win != 0:
@@ -879,6 +888,14 @@ def _rule_body(st: _Settled, nbytes: int, world: int, default_transport: str,
         measured: dict[str, Any] = {"bytes": nbytes, "time_us": round(st.time_us, 3),
                                     "busbw_gbps": round(busbw(nbytes, st.time_us, world), 4)}
         body["measured"] = measured
+    if st.native is not None and st.config.algorithm != "native":
+        params, seconds = st.native
+        entry: dict[str, Any] = {"bytes": nbytes, "impl": str(params.get("impl", "auto")),
+                                 "busbw_gbps": round(busbw(nbytes, seconds * 1e6, world), 4),
+                                 "time_us": round(seconds * 1e6, 3)}
+        if params.get("composition"):
+            entry["composition"] = str(params["composition"])
+        body["native"] = [entry]
     return body
 
 
@@ -912,6 +929,8 @@ def merge_rules(base: list[dict[str, Any]], winners: Mapping[int, Mapping[str, A
             prev["max_bytes"] = r["max_bytes"]
             if "measured" in r:
                 prev["measured"] = r["measured"]
+            if r.get("native"):
+                prev["native"] = [*(prev.get("native") or []), *r["native"]]
             continue
         joined.append(dict(r))
     return joined
