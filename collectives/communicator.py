@@ -29,6 +29,7 @@ from .logs import configure as configure_logging
 from .logs import log_level
 from .ops import check_op
 from .plan import Plan
+from .plan import plan_key as _plan_key
 from .profile import Profile, builtin_profile, load_profile
 from .registry import backend_for, default_transport, get_backend, make_transport
 from .tensors import as_buffer
@@ -55,14 +56,6 @@ class _Prepared:
         self.avg = avg
         self.size = size
         self.backend = backend
-
-
-def _plan_key(flat: Any, op: str, backend: Backend, algorithm: str | None,
-              transport: str | None, params: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The plan-cache key of a call: (size, dtype, op, backend, choice). Parameters are
-    keyed by their repr, since values such as explicit ring orders are lists."""
-    return (flat.size, flat.dtype, op, backend.name, algorithm, transport,
-            repr(sorted(params.items())) if params else None)
 
 
 class Communicator:

@@ -61,13 +61,14 @@ import os
 import random
 import socket
 import statistics
+import sys
 import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .plan import Config, Plan
+from .plan import Config, Plan, plan_key
 
 log = logging.getLogger("ringtune")
 
@@ -608,10 +609,8 @@ class OnlineTuner:
         """The prepared plan of candidate ``index`` (the previous candidate's plan of this
         class is dropped, so scratch memory holds one candidate at a time besides the
         incumbent). ``ValueError``/``TypeError`` when preparation refuses it."""
-        from .communicator import _plan_key
-
         params = dict(config.params)
-        pkey = _plan_key(flat, op, backend, config.algorithm, config.transport, params)
+        pkey = plan_key(flat, op, backend, config.algorithm, config.transport, params)
         self._drop_current(key, keep=pkey)
         self._current[key] = (index, pkey)
         prepared = self.comm._plans.get(pkey)
@@ -679,10 +678,8 @@ class OnlineTuner:
 
     def _install_candidate_zero(self, key: Any, flat: Any, backend: Any, op: str,
                                 incumbent: Plan) -> Any:
-        from .communicator import _plan_key
-
         cfg = _config_of(incumbent)
-        pkey = _plan_key(flat, op, backend, cfg.algorithm, cfg.transport, dict(cfg.params))
+        pkey = plan_key(flat, op, backend, cfg.algorithm, cfg.transport, dict(cfg.params))
         return self.comm._plans.get(pkey) or self.comm._prepare(
             pkey, flat, backend, op, cfg.algorithm, cfg.transport, dict(cfg.params))
 
@@ -739,6 +736,20 @@ class OnlineTuner:
         winners: dict[int, _Settled] = {}
         for key, st in self.settled.items():
             winners.setdefault(key[0] * _itemsize(key[1]), st)
+        for key, sc in self.classes.items():
+            nb = key[0] * _itemsize(key[1])
+            if key in self.settled or nb in winners:
+                continue
+            # Still exploring when the job ended (a size called a few times only, such as
+            # DDP's first-step buckets): what was learnt is kept, so the next job does not
+            # explore it again.
+            b = sc.best()
+            win = b[0] if b is not None else 0
+            inc = sc.score(0)
+            winners[nb] = _Settled(sc.candidates[win], sc.calls,
+                                   None if b is None else b[1] * 1e6,
+                                   None if inc is None else inc * 1e6,
+                                   f"job ended after {sc.calls} exploring call(s)")
         base_rules = [dict(r) for r in _section(data, comm.size)["rules"]]
         rules = merge_rules(base_rules, {nb: _rule_body(st, nb, comm.size, prof.transport)
                                          for nb, st in winners.items() if not st.earlier})
@@ -832,7 +843,7 @@ def _write_at_exit() -> None:
         except Exception as exc:  # noqa: BLE001 - at exit: say it, do not hide others
             log.error("online: could not write %s: %s", tuner.out, exc)
             print(f"ringtune: online tuning: could not write {tuner.out}: {exc}",
-                  file=__import__("sys").stderr, flush=True)
+                  file=sys.stderr, flush=True)
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -861,9 +872,9 @@ def _plain(obj: Any) -> Any:
 
 
 def _version() -> str:
-    from . import __version__
-
-    return __version__
+    # The package's version, read from the package already imported (importing it here
+    # would make a cycle: the package imports the communicator, which imports this).
+    return str(getattr(sys.modules.get(__package__ or "collectives"), "__version__", "unknown"))
 
 
 def _settled_sizes(prof: Any) -> frozenset[int]:
@@ -878,7 +889,7 @@ def _settled_sizes(prof: Any) -> frozenset[int]:
 
 def _rule_body(st: _Settled, nbytes: int, world: int, default_transport: str,
                ) -> dict[str, Any]:
-    from .bench import busbw
+    from .ops import busbw
 
     body: dict[str, Any] = {"algorithm": st.config.algorithm,
                             "params": _plain(dict(st.config.params))}

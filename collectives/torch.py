@@ -59,9 +59,9 @@ except ImportError as _exc:  # the torch API without torch: one line with the fi
                       "with `pip install 'ringtune[torch]'` (or `make .venv-torch/.installed`)"
                       ) from None
 
-from .communicator import _plan_key
 from .errors import AgreementError, require_agreement
 from .exchange import exchanger_for
+from .plan import plan_key as _plan_key
 
 __all__ = ["HookState", "ddp_hook"]
 
