@@ -507,6 +507,8 @@ class OnlineTuner:
         self.settled: dict[Any, _Settled] = {}
         #: every rank: class key -> (candidate index, plan key) of the candidate prepared last.
         self._current: dict[Any, tuple[int, Any]] = {}
+        #: every rank: class key -> plan key of its incumbent's explicit plan.
+        self._incumbent: dict[Any, Any] = {}
         self.calls = 0
         self.exploring_calls = 0
         self.explore_seconds = 0.0
@@ -559,7 +561,12 @@ class OnlineTuner:
         config = Config.from_record(record["algorithm"], record["params"],
                                     record.get("transport"))
         if action == "settle":
+            # The candidates' plans go (their scratch buffers with them): the winner is
+            # planned again under the call's own key.
             self._drop_current(key, keep=None)
+            inc_key = self._incumbent.pop(key, None)
+            if inc_key is not None:
+                comm._plans.pop(inc_key, None)
             self.settled[key] = _Settled(config, reason=reason)
             if comm.rank == 0:
                 self._note_settled(key)
@@ -613,6 +620,8 @@ class OnlineTuner:
         pkey = plan_key(flat, op, backend, config.algorithm, config.transport, params)
         self._drop_current(key, keep=pkey)
         self._current[key] = (index, pkey)
+        if index == 0:
+            self._incumbent[key] = pkey
         prepared = self.comm._plans.get(pkey)
         if prepared is None:
             prepared = self.comm._prepare(pkey, flat, backend, op, config.algorithm,
@@ -680,6 +689,7 @@ class OnlineTuner:
                                 incumbent: Plan) -> Any:
         cfg = _config_of(incumbent)
         pkey = plan_key(flat, op, backend, cfg.algorithm, cfg.transport, dict(cfg.params))
+        self._incumbent[key] = pkey
         return self.comm._plans.get(pkey) or self.comm._prepare(
             pkey, flat, backend, op, cfg.algorithm, cfg.transport, dict(cfg.params))
 

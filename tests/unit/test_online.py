@@ -251,6 +251,8 @@ def _job(n: int, counts: tuple[int, ...], steps: int, op: str = "sum",
                     want = expected(count, "float32", op, n)
                     assert np.array_equal(buf, want), (step, count)
             settled = {k[0]: v.config for k, v in c.online.settled.items()}
+            # Only the winners' plans stay (the candidates' scratch buffers are gone).
+            assert len(c._plans) == len(settled), sorted(map(str, c._plans))
             return settled, [c.explain(4 * k) for k in counts], c.online.profile_dict()
         finally:
             c.online.out = None  # nothing to write here
