@@ -552,10 +552,10 @@ class OnlineTuner:
             comm.run_prepared(self._install(key, flat, backend, op, _config_of(incumbent)),
                               flat)
             return
+        t0 = time.perf_counter()
         decision = None
         if comm.rank == 0:
             decision = self._decide(key, nbytes, incumbent, flat)
-        t0 = time.perf_counter()
         decision = comm.comm.bcast(decision, root=0)
         action, index, record, reason = decision
         config = Config.from_record(record["algorithm"], record["params"],
