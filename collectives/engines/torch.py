@@ -100,6 +100,26 @@ def describe_backends(backends: dict[str, str]) -> str:
     return ",".join(f"{d}:{b}" for d, b in sorted(backends.items()))
 
 
+def _timeout_of(group: Any) -> datetime.timedelta | float:
+    """The group's own operation timeout (what ``init_process_group(timeout=...)`` set),
+    so ringtune's sub-groups give up when the user's group would; else the default."""
+    import torch
+
+    backend = group
+    if hasattr(group, "_get_backend"):
+        for dev in ("cpu", "cuda"):
+            try:
+                backend = group._get_backend(torch.device(dev))
+                break
+            except (RuntimeError, ValueError):
+                continue
+    try:
+        found = backend.options._timeout
+    except (AttributeError, RuntimeError):
+        return DEFAULT_TIMEOUT_S
+    return found if isinstance(found, datetime.timedelta) else DEFAULT_TIMEOUT_S
+
+
 class TorchComm:
     """mpi4py's communicator surface over a ``torch.distributed`` process group (see the
     module docstring). ``group``: a ``ProcessGroup`` (``group.WORLD``, ``new_group``) or a
@@ -127,7 +147,7 @@ class TorchComm:
         self.groups: dict[str, Any] = dict.fromkeys(self.backends, group)
         self._store = store
         if timeout is None:
-            timeout = DEFAULT_TIMEOUT_S
+            timeout = _timeout_of(group)
         self.timeout = (timeout if isinstance(timeout, datetime.timedelta)
                         else datetime.timedelta(seconds=float(timeout)))
         #: World rank of each rank of this communicator, where known (error lines).
