@@ -36,6 +36,7 @@ from ..stall import ENV as STALL_ENV
 from ..stall import StallError, stall_timeout
 from ..transport import Pending, Transport
 
+
 class PeerError(RingtuneError):
     """A send, receive or the group's allreduce failed: a peer died or its link broke."""
 
