@@ -184,8 +184,11 @@ class HookState:
 
     def _check(self, sig: tuple[Any, ...], buf: Any, comm: Any = None) -> None:
         """On the communication thread of ``comm`` (default: the state's): every rank has
-        the same bucket and can serve it."""
+        the same bucket and can serve it, and DDP's group is the communicator's world (a
+        HookState made before ``init_process_group`` was not checked at construction):
+        ``WorldMismatchError`` in the first ``backward``, before any optimizer step."""
         comm = self.comm if comm is None else comm
+        _check_ddp_world(comm)
         problem = ""
         try:
             from .registry import backend_for

@@ -86,3 +86,33 @@ def test_a_cuda_buffer_on_a_gloo_group_is_refused(comm) -> None:
     if torch.cuda.is_available():
         t = torch.ones(4, device="cuda")
         agree(_raised(lambda: comm.allreduce(t), ValueError, "backend is gloo"))
+
+
+@multi
+def test_a_hook_made_before_the_group_fails_in_the_first_backward(monkeypatch) -> None:
+    """A HookState built while torch.distributed was not initialised yet (nothing to
+    compare then) over a 1-rank communicator: the first backward raises, on every rank,
+    before the optimizer has taken a step."""
+    import torch.distributed as dist
+
+    from collectives.torch import HookState, ddp_hook
+
+    alone = world().Split(RANK, 0)
+    c = Communicator(alone)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    state = HookState(c)
+    monkeypatch.undo()
+    model = DDP(nn.Linear(4, 2))
+    model.register_comm_hook(state, ddp_hook)
+    before = [p.detach().clone() for p in model.parameters()]
+
+    def backward() -> None:
+        model(torch.ones(3, 4)).sum().backward()
+
+    fails = _raised(backward, Exception, "DDP's process group has", "Communicator has 1")
+    if any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters())):
+        fails.append("parameters changed")
+    state.close()
+    c.close()
+    alone.Free()
+    agree(fails)
