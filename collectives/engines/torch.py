@@ -234,6 +234,42 @@ class TorchComm:
 
     barrier = Barrier
 
+    # -- blocking point-to-point of host arrays (the link probes: probes.links) ----------
+
+    def _host_group(self) -> Any:
+        self._check_live()
+        group = self.groups.get("cpu")
+        if group is None or self.backends.get("cpu") != "gloo":
+            raise ValueError(
+                f"rank {self.rank}: point-to-point of host arrays needs a gloo backend, and "
+                f"this group's is {self.backend_label}: use init_process_group("
+                "'cpu:gloo,cuda:nccl') or a gloo group")
+        return group
+
+    @staticmethod
+    def _tensor(buf: Any) -> Any:
+        import torch
+
+        arr = np.ascontiguousarray(buf[0] if isinstance(buf, (list, tuple)) else buf)
+        return torch.from_numpy(arr.reshape(-1).view(np.uint8))
+
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
+        """Blocking send of a host array to rank ``dest`` of this group."""
+        self._host_group().send([self._tensor(buf)], dest, tag).wait()
+
+    def Recv(self, buf: Any, source: int, tag: int = 0) -> None:  # noqa: N802
+        """Blocking receive into a contiguous host array from rank ``source``."""
+        self._host_group().recv([self._tensor(buf)], source, tag).wait()
+
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0,  # noqa: N802
+                 recvbuf: Any = None, source: int = 0, recvtag: int = 0) -> None:
+        """Send ``sendbuf`` to ``dest`` while receiving ``recvbuf`` from ``source``."""
+        group = self._host_group()
+        recv = group.recv([self._tensor(recvbuf)], source, recvtag)
+        send = group.send([self._tensor(sendbuf)], dest, sendtag)
+        recv.wait()
+        send.wait()
+
     def Split(self, color: int = 0, key: int = 0) -> TorchComm:  # noqa: N802
         """The ranks that pass the same ``color``, ranked by ``key`` (then rank), as a new
         communicator with its own groups. Collective over this communicator."""

@@ -104,3 +104,17 @@ def test_native_is_the_groups_own_allreduce(comm: Any) -> None:
     dist.all_reduce(ref)
     comm.allreduce(x, algorithm="native")
     agree([] if np.array_equal(x, ref.numpy()) else ["native differs from dist.all_reduce"])
+
+
+def test_probes_detect_and_measure_links_over_the_group() -> None:
+    """The topology probes over a process group: one host, every rank placed, a link
+    matrix measured with the group's gloo point-to-point (what ``ringtune probe`` needs)."""
+    import probes
+
+    topo = probes.detect(world(), measure=True, message_bytes=1 << 12, repetitions=1)
+    bw = topo.links.bandwidth_gbps if topo.links is not None else ()
+    fails = [] if len(topo.ranks) == SIZE and len(topo.hosts) == 1 else [
+        f"{len(topo.ranks)} ranks on {len(topo.hosts)} hosts"]
+    fails += [f"link {a}->{b} unmeasured" for a in range(SIZE) for b in range(SIZE)
+              if a != b and not (len(bw) == SIZE and (bw[a][b] or 0) > 0)]
+    agree(fails)
