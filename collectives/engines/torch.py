@@ -120,6 +120,23 @@ def _timeout_of(group: Any) -> datetime.timedelta | float:
     return found if isinstance(found, datetime.timedelta) else DEFAULT_TIMEOUT_S
 
 
+def _op_name(op: Any) -> str:
+    """A reduction's name from a name or an mpi4py op (mpi4py is imported only when the
+    caller already passed one of its ops)."""
+    if isinstance(op, str):
+        if op not in REDUCE_OPS:
+            raise ValueError(f"reduction {op!r}: use one of {', '.join(REDUCE_OPS)}")
+        return op
+    if type(op).__module__.startswith("mpi4py"):
+        from mpi4py import MPI
+
+        for name, mop in (("sum", MPI.SUM), ("prod", MPI.PROD), ("min", MPI.MIN),
+                          ("max", MPI.MAX)):
+            if op == mop:
+                return name
+    raise ValueError(f"reduction {op!r}: use one of sum, prod, min, max")
+
+
 class TorchComm:
     """mpi4py's communicator surface over a ``torch.distributed`` process group (see the
     module docstring). ``group``: a ``ProcessGroup`` (``group.WORLD``, ``new_group``) or a
@@ -234,6 +251,34 @@ class TorchComm:
 
     barrier = Barrier
 
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = "sum") -> None:  # noqa: N802
+        """mpi4py's ``Allreduce`` of host arrays (timings, counts): ``sendbuf`` an array or
+        ``MPI.IN_PLACE``; ``op`` a name (sum/prod/min/max) or an mpi4py op."""
+        arr = recvbuf[0] if isinstance(recvbuf, (list, tuple)) else recvbuf
+        if isinstance(sendbuf, np.ndarray) and sendbuf is not arr:
+            arr[...] = sendbuf
+        self._reduce_host(arr, _op_name(op))
+
+    def allreduce(self, value: Any, op: Any = "sum") -> Any:
+        """mpi4py's lower-case ``allreduce`` of a number or a host array (a new result)."""
+        arr = np.array(value, copy=True)
+        self._reduce_host(arr.reshape(-1) if arr.ndim else arr.reshape(1), _op_name(op))
+        return arr.item() if np.ndim(value) == 0 else arr
+
+    def _reduce_host(self, arr: np.ndarray, op: str) -> None:
+        if self.size == 1:
+            self._check_live()
+            return
+        import torch
+        import torch.distributed as dist
+
+        group, dev = self.object_device()
+        t = torch.from_numpy(np.ascontiguousarray(arr)).to(dev)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = getattr(dist.ReduceOp, REDUCE_OPS[op])
+        group.allreduce([t], opts).wait()
+        arr[...] = t.cpu().numpy().reshape(arr.shape)
+
     # -- blocking point-to-point of host arrays (the link probes: probes.links) ----------
 
     def _host_group(self) -> Any:
@@ -270,12 +315,15 @@ class TorchComm:
         recv.wait()
         send.wait()
 
-    def Split(self, color: int = 0, key: int = 0) -> TorchComm:  # noqa: N802
+    def Split(self, color: int = 0, key: int = 0) -> TorchComm | None:  # noqa: N802
         """The ranks that pass the same ``color``, ranked by ``key`` (then rank), as a new
-        communicator with its own groups. Collective over this communicator."""
+        communicator with its own groups; ``None`` for a negative color (MPI.UNDEFINED).
+        Collective over this communicator."""
         token = uuid.uuid4().hex[:16] if self.rank == 0 else None
         everyone = self.allgather((int(color), int(key), token))
         name = everyone[0][2]
+        if color < 0:
+            return None  # MPI.UNDEFINED (negative): in no group, as MPI's COMM_NULL
         mine = sorted((k, r) for r, (c, k, _) in enumerate(everyone) if c == color)
         members = [r for _, r in mine]
         return self._child(f"ringtune/{name}/{color}", members)
@@ -391,17 +439,7 @@ class TorchEngine(Engine):
         return "torch"
 
     def allreduce_array(self, comm: Any, arr: np.ndarray, op: str) -> None:
-        if comm.Get_size() == 1:
-            return
-        import torch
-
-        dist = _dist()
-        group, dev = comm.object_device()
-        t = torch.from_numpy(np.ascontiguousarray(arr)).to(dev)
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = getattr(dist.ReduceOp, REDUCE_OPS[op])
-        group.allreduce([t], opts).wait()
-        arr[...] = t.cpu().numpy()
+        comm._reduce_host(arr, op)
 
     def describe(self, comm: Any) -> dict[str, str]:
         return {"engine": self.name, "backend": describe_backends(comm.backends)}

@@ -118,3 +118,24 @@ def test_probes_detect_and_measure_links_over_the_group() -> None:
     fails += [f"link {a}->{b} unmeasured" for a in range(SIZE) for b in range(SIZE)
               if a != b and not (len(bw) == SIZE and (bw[a][b] or 0) > 0)]
     agree(fails)
+
+
+def test_the_mpi_like_surface_for_the_tools() -> None:
+    """What the tuner and the CLI ask of a communicator besides allreduce: lower-case and
+    buffer ``allreduce`` of host values, a ``bcast``, a ``Barrier``, a ``Split`` that
+    leaves some ranks out (a negative color, as MPI.UNDEFINED)."""
+    w = world()
+    fails = []
+    if w.allreduce(RANK + 1, op="max") != SIZE:
+        fails.append("allreduce max of ranks")
+    times = np.array([float(RANK), 1.0])
+    w.Allreduce(times.copy(), times, op="sum")
+    if list(times) != [SIZE * (SIZE - 1) / 2, float(SIZE)]:
+        fails.append(f"Allreduce sum: {times}")
+    if w.bcast(f"from {RANK}", root=SIZE - 1) != f"from {SIZE - 1}":
+        fails.append("bcast")
+    w.Barrier()
+    sub = w.Split(0 if RANK == 0 else -32766, RANK)
+    if (sub is None) != (RANK != 0) or (sub is not None and sub.Get_size() != 1):
+        fails.append(f"Split with MPI.UNDEFINED gave {sub}")
+    agree(fails)
