@@ -96,6 +96,11 @@ def _check_ddp_world(comm: Any) -> None:
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         return
+    if getattr(comm.comm, "label", "") == "group":
+        # A new_group the user chose (collectives.engines.torch): DDP may run over that same
+        # group (DDP(process_group=...)), which the hook cannot see; WORLD, an MPI world
+        # and ringtune's own sub-groups are checked.
+        return
     world = dist.get_world_size()
     if world != comm.size:
         raise WorldMismatchError(
