@@ -531,7 +531,6 @@ class OnlineTuner:
             return
         from .backend import check_buffer_dtype
         from .ops import check_op
-        from .registry import default_transport
 
         # Bad arguments: ValueError/TypeError on every rank before any communication.
         check_op(op)
@@ -541,7 +540,8 @@ class OnlineTuner:
             # As the profile path does: a profile's transports were chosen for its own kind
             # of buffer; other buffers use theirs.
             incumbent = Plan(incumbent.algorithm, incumbent.params,
-                             default_transport(backend), incumbent.source, incumbent.rule,
+                             comm._default_transport(backend), incumbent.source,
+                             incumbent.rule,
                              incumbent.min_bytes, incumbent.max_bytes, incumbent.measured)
         if comm.size == 1 or nbytes in self._earlier:
             # Nothing to explore (one rank), or settled by the job that wrote the profile:
@@ -761,7 +761,15 @@ class OnlineTuner:
                                    None if inc is None else inc * 1e6,
                                    f"job ended after {sc.calls} exploring call(s)")
         base_rules = [dict(r) for r in _section(data, comm.size)["rules"]]
-        rules = merge_rules(base_rules, {nb: _rule_body(st, nb, comm.size, prof.transport)
+        # Transports that go without saying: the profile's own, and the engine's default
+        # for each buffer kind (a job under the same engine maps the profile's to it).
+        implied = {prof.transport}
+        for key in self.settled:
+            with contextlib.suppress(Exception):
+                from .registry import get_backend
+
+                implied.add(comm._default_transport(get_backend(key[3])))
+        rules = merge_rules(base_rules, {nb: _rule_body(st, nb, comm.size, implied)
                                          for nb, st in winners.items() if not st.earlier})
         section = _section(data, comm.size)
         section["rules"] = rules
@@ -897,13 +905,13 @@ def _settled_sizes(prof: Any) -> frozenset[int]:
     return frozenset(s for s in sizes if isinstance(s, int) and not isinstance(s, bool))
 
 
-def _rule_body(st: _Settled, nbytes: int, world: int, default_transport: str,
+def _rule_body(st: _Settled, nbytes: int, world: int, implied: set[str],
                ) -> dict[str, Any]:
     from .ops import busbw
 
     body: dict[str, Any] = {"algorithm": st.config.algorithm,
                             "params": _plain(dict(st.config.params))}
-    if st.config.transport and st.config.transport != default_transport:
+    if st.config.transport and st.config.transport not in implied:
         body["transport"] = st.config.transport
     if st.time_us:
         measured: dict[str, Any] = {"bytes": nbytes, "time_us": round(st.time_us, 3),
