@@ -931,25 +931,29 @@ def _rule_body(st: _Settled, nbytes: int, world: int, implied: set[str],
 def merge_rules(base: list[dict[str, Any]], winners: Mapping[int, Mapping[str, Any]],
                 ) -> list[dict[str, Any]]:
     """``base`` rules (sorted, contiguous, from 0 to ``None``) with each settled size's
-    winner in force around it: inside the base rule that holds a settled size, the settled
-    sizes share its range, split at their geometric midpoints; rules without settled sizes
-    stay as they are. Neighbours with the same choice are joined."""
+    winner in force around it: from half to twice the size (the neighbourhood a bucket of
+    ``ringtune tune``'s powers of 4 owns), within the base rule that holds it and split at
+    the geometric midpoint with a settled neighbour; the rest of each base rule keeps its
+    choice. Neighbours with the same choice are joined."""
     out: list[dict[str, Any]] = []
     sizes = sorted(winners)
     for rule in base:
         lo, hi = int(rule["min_bytes"]), rule["max_bytes"]
         inside = [s for s in sizes if s >= lo and (hi is None or s <= hi)]
-        if not inside:
-            out.append(rule)
-            continue
         start = lo
         for j, s in enumerate(inside):
+            own_lo = max(start, s // 2)
+            own_hi = 2 * s
             if j + 1 < len(inside):
-                end = max(s, math.isqrt(s * inside[j + 1]))
-            else:
-                end = hi
-            out.append({"min_bytes": start, "max_bytes": end, **winners[s]})
-            start = (end or 0) + 1
+                own_hi = min(own_hi, max(s, math.isqrt(s * inside[j + 1])))
+            if hi is not None:
+                own_hi = min(own_hi, hi)
+            if own_lo > start:
+                out.append({**rule, "min_bytes": start, "max_bytes": own_lo - 1})
+            out.append({"min_bytes": own_lo, "max_bytes": own_hi, **winners[s]})
+            start = own_hi + 1
+        if hi is None or start <= hi:
+            out.append({**rule, "min_bytes": start, "max_bytes": hi})
     joined: list[dict[str, Any]] = []
     for r in out:
         prev = joined[-1] if joined else None

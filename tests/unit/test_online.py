@@ -220,11 +220,17 @@ def test_settled_sizes_take_their_neighbourhood_of_the_base_rule() -> None:
     win = {4096: {"algorithm": "multiring", "params": {"rings": 2}},
            65536: {"algorithm": "native", "params": {}}}
     rules = merge_rules(base, win)
+    # Each settled size from half to twice itself (split at the geometric midpoint with a
+    # settled neighbour), the base rules' choices elsewhere; contiguous from 0 to None.
     assert [(r["min_bytes"], r["max_bytes"], r["algorithm"]) for r in rules] == [
-        (0, 1023, "native"), (1024, 16384, "multiring"), (16385, None, "native")]
-    # The base rule without settled sizes stays as it was; contiguous from 0 to None.
+        (0, 1023, "native"), (1024, 2047, "rhd"), (2048, 8192, "multiring"),
+        (8193, 32767, "rhd"), (32768, 131072, "native"), (131073, None, "rhd")]
     assert rules[0] == base[0]
     assert merge_rules(base, {}) == base
+    # A settled size at a base rule's edge stays inside it.
+    edge = merge_rules(base, {1024: {"algorithm": "native", "params": {}}})
+    assert [(r["min_bytes"], r["max_bytes"], r["algorithm"]) for r in edge] == [
+        (0, 2048, "native"), (2049, None, "rhd")]
 
 
 # -- whole jobs in-process -------------------------------------------------------------------
