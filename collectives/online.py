@@ -20,9 +20,10 @@ rank runs it, and one small ``allgather`` shares each rank's time and whether it
 a candidate's time is the slowest rank's, its score the median over its calls. A size class
 settles on the fastest candidate (a challenger must beat the incumbent by ``margin``) when
 every candidate is measured, or after ``calls`` exploring calls; exploration pauses (the best
-so far runs, after the bcast only) while the time it cost beyond the best candidate's exceeds
-``share`` of the job's time so far. A settled class runs its winner from the communicator's
-plan cache, the same path as a fixed profile's plan: no per-call cost.
+so far runs, after the bcast only) while the time it cost beyond the best candidates' times,
+over all size classes together, exceeds ``share`` of the job's time so far. A settled class
+runs its winner from the communicator's plan cache, the same path as a fixed profile's plan:
+no per-call cost.
 
 Safety. Candidates are only configurations the offline tuner could try, checked by the
 algorithm's ``check_params`` before anything runs; a candidate whose preparation is refused
@@ -243,8 +244,9 @@ class SizeClass:
                 return i
         return None
 
-    def decide(self, job_seconds: float) -> Decision:
-        """The next call's decision; ``job_seconds``: the job's time so far."""
+    def decide(self, job_seconds: float, elsewhere: float = 0.0) -> Decision:
+        """The next call's decision; ``job_seconds``: the job's time so far; ``elsewhere``:
+        what exploring the job's other size classes has cost (the share is the job's)."""
         if self.winner is not None:
             return Decision("settle", self.winner, self.candidates[self.winner], self.reason)
         nxt = self._next()
@@ -253,9 +255,10 @@ class SizeClass:
         if self.calls >= self.opts.calls:
             return self._settle(f"{self.opts.calls} exploring calls")
         b = self.best()
-        if b is not None and self.overhead > self.opts.share * job_seconds:
+        cost = self.overhead + elsewhere
+        if b is not None and cost > self.opts.share * job_seconds:
             return Decision("hold", b[0], self.candidates[b[0]],
-                            f"exploration paused: {self.overhead:.3g} s beyond the best > "
+                            f"exploration paused: {cost:.3g} s beyond the best > "
                             f"{self.opts.share:g} of {job_seconds:.3g} s")
         return Decision("run", nxt, self.candidates[nxt])
 
@@ -608,7 +611,8 @@ class OnlineTuner:
             if log.isEnabledFor(logging.INFO):
                 log.info("online %s: %d candidate(s): %s", _label(key, nbytes), len(cands),
                          "; ".join(c.text() for c in cands))
-        d = sc.decide(time.monotonic() - self.started)
+        elsewhere = sum(o.overhead for k, o in self.classes.items() if k != key)
+        d = sc.decide(time.monotonic() - self.started, elsewhere)
         return (d.action, d.index, d.config.record(), d.reason)
 
     def _candidate(self, key: Any, index: int, flat: Any, backend: Any, op: str,

@@ -118,6 +118,8 @@ def test_exploration_pauses_beyond_its_share_of_the_job() -> None:
     held = sc.decide(job_seconds=5.0)
     assert held.action == "hold" and held.index == 0 and "paused" in held.reason
     assert sc.decide(job_seconds=10.0).action == "run"
+    # The share is the job's: what the other size classes cost counts too.
+    assert sc.decide(job_seconds=10.0, elsewhere=0.2).action == "hold"
 
 
 def test_a_class_needs_an_incumbent() -> None:
