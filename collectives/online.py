@@ -90,8 +90,9 @@ class OnlineOptions:
     calls: int = 32
     #: Calls per candidate; its score is the median of their slowest-rank times.
     samples: int = 3
-    #: Exploration pauses while its cost beyond the best candidate's time exceeds this
-    #: share of the job's time since the communicator was built.
+    #: Exploration pauses while its cost beyond the best candidates' times (all size
+    #: classes together) exceeds this share of the job's time since the communicator was
+    #: built. Checked before each exploring call, so the last call may overshoot it.
     share: float = 0.1
     #: Candidates per size class (the incumbent, guesses, then random draws).
     candidates: int = 8
