@@ -23,7 +23,7 @@ TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
 .PHONY: all install extra-venvs test lint unit cli unit-cli fuzz mpi gpu cuda-static gpu-sim \
-	torch-test emulated tune bench clean schema ompi-test
+	torch-test torchrun-test emulated tune bench clean schema ompi-test
 
 all: test
 
@@ -160,6 +160,15 @@ ompi-test: $(OMPI_VENV)/.installed
 	timeout $(MPI_TEST_TIMEOUT) $(OMPI_PY) -m pytest -q -p no:cacheprovider -rs \
 	  tests/cli/test_export_openmpi.py tests/cli/test_openmpi_roundtrip.py tests/cli/test_launch_mpi.py
 
+# torch.distributed as ringtune's engine, under torchrun at 1..4 ranks (one pytest per rank):
+# the contract over gloo, DDP over the hook with Communicator(group.WORLD), the loud failures.
+torchrun-test: $(TORCH_VENV)/.installed
+	@set -e; for n in $(NP_LIST); do \
+	  echo "== tests/torchrun under torchrun --nproc-per-node $$n"; \
+	  timeout $(MPI_TEST_TIMEOUT) $(TORCH_VENV)/bin/torchrun --standalone --nproc-per-node $$n \
+	    --no-python $(TORCH_PY) -m pytest -q -p no:cacheprovider tests/torchrun; \
+	done
+
 # Multi-host tests: `ringtune emulate` builds hosts from network namespaces with shaped links
 # (profiles/clusters/emulated-*.yaml); the contract suite on 2x2 and 3x1, probe, fingerprint,
 # ring placement, teardown and faults. Skips with the reason without root or namespaces.
@@ -177,7 +186,7 @@ emulated: install
 # ringtune.egg-info.
 test: install
 	$(MAKE) --no-print-directory -j3 --output-sync=target extra-venvs lint gpu unit-cli
-	$(MAKE) --no-print-directory cuda-static gpu-sim torch-test mpi ompi-test emulated
+	$(MAKE) --no-print-directory cuda-static gpu-sim torch-test torchrun-test mpi ompi-test emulated
 
 # One after the other: both editable installs write ringtune.egg-info in this directory.
 extra-venvs:

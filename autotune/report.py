@@ -104,7 +104,12 @@ def profile_heading(profile: Mapping[str, Any], path: str | None = None,
     head = ", ".join(b for b in bits if b)
     if profile.get("created"):
         head += f"; created {profile['created']}"
-    if tun:
+    if tun and tun.get("mode") == "online":
+        # Written by a job tuning its own calls (collectives.online).
+        head += (f"; tuned online by job {tun.get('job')} ({tun.get('exploring_calls')} "
+                 f"exploring calls of {tun.get('calls')}, "
+                 f"{len(tun.get('online_settled') or [])} sizes settled)")
+    elif tun:
         ran = str(tun.get("ran") or "")
         if "/" in ran:
             first, last = ran.split("/", 1)

@@ -18,6 +18,8 @@ from typing import Any
 
 from collectives.algorithms import algorithm_names, get_algorithm
 from collectives.algorithms.base import Algorithm
+from collectives.candidates import Branch as _Branch
+from collectives.candidates import EnumeratingTrial as _EnumeratingTrial
 from collectives.plan import Config
 
 __all__ = ["ALGORITHM_PARAM", "TRANSPORT_PARAM", "Config", "searchable", "suggest",
@@ -94,46 +96,6 @@ def config_key(config: Config) -> str:
 def describe(config: Config) -> str:
     """``multiring rings=2 chunk_bytes=1048576`` for people (``Config.text``)."""
     return config.text()
-
-
-class _Branch(Exception):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-
-class _EnumeratingTrial:
-    """A stand-in for ``optuna.Trial`` that replays a prefix of choices and stops at the
-    first new suggestion, reporting how many options it has (depth-first enumeration)."""
-
-    def __init__(self, path: list[int]) -> None:
-        self.path = path
-        self.pos = 0
-        self.params: dict[str, Any] = {}
-
-    def _pick(self, name: str, options: list[Any]) -> Any:
-        if not options:
-            raise ValueError(f"search space parameter {name!r} has no options")
-        if self.pos >= len(self.path):
-            raise _Branch(len(options))
-        value = options[self.path[self.pos]]
-        self.pos += 1
-        self.params[name] = value
-        return value
-
-    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
-        return self._pick(name, list(choices))
-
-    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1,
-                    log: bool = False) -> int:
-        return int(self._pick(name, list(range(low, high + 1, step))))
-
-    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None,
-                      log: bool = False) -> float:
-        if step is None:
-            raise ValueError(f"search space parameter {name!r} is continuous; the grid "
-                             "sampler needs discrete parameters (use --sampler tpe)")
-        n = int(round((high - low) / step))
-        return float(self._pick(name, [low + i * step for i in range(n + 1)]))
 
 
 def enumerate_space(world_size: int, nbytes: int, algorithms: Sequence[str],

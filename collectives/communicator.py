@@ -24,13 +24,15 @@ import numpy as np
 from .abort import abort_world, name_abrupt_exits, on_error_mode, rank_line
 from .algorithms import Context, get_algorithm
 from .backend import Backend, check_buffer_dtype
+from .engines import Engine, engine_for
 from .errors import AgreementError, ProfileError, TopologyMismatchError, require_agreement
 from .logs import configure as configure_logging
 from .logs import log_level
 from .ops import check_op
 from .plan import Plan
+from .plan import plan_key as _plan_key
 from .profile import Profile, builtin_profile, load_profile
-from .registry import backend_for, default_transport, get_backend, make_transport
+from .registry import backend_for, get_backend, make_transport
 from .tensors import as_buffer
 from .transport import Transport
 
@@ -57,35 +59,42 @@ class _Prepared:
         self.backend = backend
 
 
-def _plan_key(flat: Any, op: str, backend: Backend, algorithm: str | None,
-              transport: str | None, params: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The plan-cache key of a call: (size, dtype, op, backend, choice). Parameters are
-    keyed by their repr, since values such as explicit ring orders are lists."""
-    return (flat.size, flat.dtype, op, backend.name, algorithm, transport,
-            repr(sorted(params.items())) if params else None)
-
-
 class Communicator:
-    """Allreduce over an mpi4py communicator, choosing the algorithm per message size.
+    """Allreduce over an mpi4py communicator or a ``torch.distributed`` process group
+    (``group.WORLD``, a ``new_group``; see ``collectives.engines``), choosing the algorithm
+    per message size.
 
-    ``comm``: an mpi4py communicator; ``None`` is ``MPI.COMM_WORLD`` (where no MPI library
-    loads, ``collectives.mpilib.NoMpiError`` says what to install).
-    ``comm``: an mpi4py communicator; ``None`` is ``MPI.COMM_WORLD`` (where no MPI library
-    loads, ``collectives.mpilib.NoMpiError`` says what to install).
+    ``comm``: an mpi4py communicator or a process group; ``None`` is ``MPI.COMM_WORLD``
+    (where no MPI library loads, ``collectives.mpilib.NoMpiError`` says what to install).
     ``profile``: a path or a loaded ``Profile``; ``None`` reads ``$RINGTUNE_PROFILE``, else
     the built-in heuristic. ``strict``: raise instead of warning when the profile was tuned
     on a different topology (also ``RINGTUNE_STRICT=1``).
+
+    ``tune="online"`` (or ``RINGTUNE_TUNE=online``): choose each message size's algorithm
+    on the job's own calls (``collectives.online``); ``tune_out`` (or
+    ``RINGTUNE_TUNE_OUT``): the profile file rank 0 writes the settled choices to at
+    ``close()``, at exit or at ``save_tuning()``; ``tune_options``: ``calls``, ``samples``,
+    ``share``, ``candidates``, ``margin``, ``prune``, ``seed`` (``RINGTUNE_TUNE_*``).
     """
 
     def __init__(self, comm: Any = None,
                  profile: str | os.PathLike[str] | Profile | None = None,
-                 strict: bool = False, topology: Any = None) -> None:
+                 strict: bool = False, topology: Any = None, tune: str | None = None,
+                 tune_out: str | os.PathLike[str] | None = None,
+                 tune_options: Mapping[str, Any] | None = None) -> None:
         log_level()  # an unknown RINGTUNE_LOG: ValueError on every rank, before any message
         if comm is None:
             from .mpilib import load_mpi
 
             comm = load_mpi().COMM_WORLD
-        _check_world(comm)
+        #: The distributed runtime behind ``comm`` (``mpi``, ``torch``: collectives.engines).
+        self.engine: Engine = engine_for(comm)
+        # The engine's mpi4py-like communicator object: the mpi4py Comm itself, or a
+        # TorchComm over a process group. Everything below talks to it.
+        comm = self.engine.communicator(comm)
+        # A world that is not the job's (an MPI singleton under torchrun) or a group ringtune
+        # cannot move bytes over: refused on every rank, before any step.
+        self.engine.check_world(comm)
         self.comm = comm
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
@@ -98,18 +107,38 @@ class Communicator:
         #: Why the given profile was set aside for built-in defaults (topology mismatch);
         #: ``None`` when it is in use or none was given. ``explain`` says it.
         self.set_aside: str | None = None
+        #: Online tuning (``collectives.online``), ``None`` when off.
+        self.online: Any = None
         loaded = self._resolve_profile(profile)
         if isinstance(loaded, Profile) and "library" in loaded.raw:
             from .mpit import warn_other_library
 
             warn_other_library(loaded)
-        #: The profile in use (built-in defaults where none was given or it was set aside).
-        self.profile: Profile
-        self.profile, self.hosts = self._agree_at_construction(loaded)
-        name_abrupt_exits(comm)  # os._exit on this rank says which rank (abort.py)
-        if self.topology is None:
-            self.topology = self._detect_topology()
-        self._check_fingerprint()
+        from .online import prepare_settings
+
+        # Read on every rank, agreed on in the construction's allgather: an unknown value,
+        # an unwritable output or ranks that differ fail together, before any step.
+        tune_setting, tune_lock = prepare_settings(self.rank, tune, tune_out, tune_options)
+        try:
+            #: The profile in use (built-in defaults where none was given or set aside).
+            self.profile: Profile
+            self.profile, self.hosts, tuning = self._agree_at_construction(loaded,
+                                                                           tune_setting)
+            name_abrupt_exits(comm)  # os._exit on this rank says which rank (abort.py)
+            if self.topology is None:
+                self.topology = self._detect_topology()
+            self._check_fingerprint()
+            if tuning is not None:
+                from .online import OnlineTuner, refuse_set_aside
+
+                self.online = OnlineTuner(self, tuning[0], tuning[1], tune_lock)
+                refuse_set_aside(self)
+        except BaseException:
+            if self.online is not None:
+                self.online.discard()
+            elif tune_lock is not None:
+                tune_lock.release()
+            raise
         #: RINGTUNE_LOG=debug: one line per call (rank 0), checked once here, not per call.
         self._log_calls = self.rank == 0 and log.isEnabledFor(logging.DEBUG)
         self._calls = 0
@@ -142,31 +171,34 @@ class Communicator:
         except OSError as exc:
             return ProfileError(f"{path}: cannot read profile: {exc.strerror or exc}")
 
-    def _agree_at_construction(self, prof: Profile | Exception
-                               ) -> tuple[Profile, tuple[int, ...]]:
+    def _agree_at_construction(self, prof: Profile | Exception, tune_setting: Any = ("off",)
+                               ) -> tuple[Profile, tuple[int, ...], Any]:
         """One allgather: host names (for ring orders), and the profile's digest and
         backend, which must be equal on every rank; returns the profile and each rank's
-        host index. A profile that failed to load on any rank, or a disagreement, raises
-        the same on every rank. The digest is the file's bytes' (``Profile.source_digest``)
-        where a file was read; only where those differ (another copy laid out otherwise, or
-        a ``Profile`` object) is the content hash computed and compared, in a second
-        allgather."""
-        from mpi4py import MPI
-
+        host index, and the online tuning settings every rank set alike
+        (``collectives.online.agree_settings``). A profile that failed to load on any rank,
+        bad tuning settings, or a disagreement, raises the same on every rank. The digest is
+        the file's bytes' (``Profile.source_digest``) where a file was read; only where those
+        differ (another copy laid out otherwise, or a ``Profile`` object) is the content
+        hash computed and compared, in a second allgather."""
         mine = (
-            MPI.Get_processor_name(),
+            self.engine.host_name(self.comm),
             None if isinstance(prof, Exception) else prof.source_digest or prof.sha256,
             str(prof) if isinstance(prof, Exception) else None,
             None if isinstance(prof, Exception) else prof.backend,
+            tune_setting,
         )
         everyone = self.comm.allgather(mine)
-        errors = [(r, e) for r, (_, _, e, _) in enumerate(everyone) if e]
+        errors = [(r, e) for r, (_, _, e, _, _) in enumerate(everyone) if e]
         if errors:
             r, e = errors[0]
             raise ProfileError(e if r == self.rank or len(errors) == len(everyone)
                                else f"rank {r}: {e}")
         assert isinstance(prof, Profile)  # this rank's load error would be in ``errors``
-        hashes = {h for _, h, _, _ in everyone}
+        from .online import agree_settings
+
+        tuning = agree_settings([t for *_, t in everyone], self.rank)
+        hashes = {h for _, h, _, _, _ in everyone}
         if len(hashes) > 1:
             # Every rank saw the same list, so every rank takes this branch: files that
             # differ byte for byte may still hold the same profile.
@@ -181,12 +213,12 @@ class Communicator:
                 f"ranks loaded different profiles ({detail}): give every rank the same "
                 "file (same RINGTUNE_PROFILE and content on every host)"
             )
-        backends = {b for _, _, _, b in everyone}
+        backends = {b for _, _, _, b, _ in everyone}
         if len(backends) > 1:
             raise AgreementError(f"ranks disagree on the backend ({sorted(backends)}): every "
                                  "rank must use the same profile and buffer kind")
         names: dict[str, int] = {}
-        return prof, tuple(names.setdefault(name, len(names)) for name, _, _, _ in everyone)
+        return prof, tuple(names.setdefault(name, len(names)) for name, *_ in everyone), tuning
 
     def _detect_topology(self) -> Any:
         """Probe this world once (collective, ~0.1 s; ``$RINGTUNE_TOPOLOGY`` replaces
@@ -239,14 +271,24 @@ class Communicator:
 
     # -- choosing -------------------------------------------------------------------
 
-    def plan_for(self, nbytes: int) -> Plan:
-        """The plan the profile picks for a message of ``nbytes`` bytes."""
+    def plan_for(self, nbytes: int, tuned: bool = True) -> Plan:
+        """The plan the profile picks for a message of ``nbytes`` bytes; with online tuning
+        (and ``tuned``), the choice settled for that size once it has settled."""
+        if tuned and self.online is not None:
+            won = self.online.settled_for(int(nbytes))
+            if won is not None:
+                return Plan(won.algorithm, dict(won.params), won.transport or
+                            self.profile.transport, "online", None, int(nbytes), int(nbytes))
         prof = self.profile
         idx, rule = prof.select(int(nbytes))
+        transport = rule.transport or prof.transport
+        if not self.engine.runs_transport(transport):
+            # A transport of another engine (the built-in profile's 'mpi' under torch).
+            transport = self.engine.default_transport(self.comm, _NP_BACKEND)
         return Plan(
             algorithm=rule.algorithm,
             params=dict(rule.params),
-            transport=rule.transport or prof.transport,
+            transport=transport,
             source="default" if prof.builtin else "profile",
             rule=idx,
             min_bytes=rule.min_bytes,
@@ -259,6 +301,9 @@ class Communicator:
         p = self.plan_for(nbytes)
         hi = "∞" if p.max_bytes is None else str(p.max_bytes)
         params = f" ({p.describe_params()})" if p.params else ""
+        if p.source == "online":
+            return (f"{nbytes} B -> {p.algorithm}{params} over {p.transport}: settled by "
+                    f"online tuning in this job ({self.online.settled_reason(int(nbytes))})")
         prof = self.profile
         if not prof.builtin:
             src = f"profile {prof.path}"
@@ -306,6 +351,11 @@ class Communicator:
         prepared = self._plans.get(key)
         cached = prepared is not None
         if prepared is None:
+            if self.online is not None and algorithm is None and transport is None \
+                    and not params:
+                # Not settled yet (a settled size's plan is cached under ``key``).
+                self.online.call(key, flat, backend, op)
+                return buf
             prepared = self._prepare(key, flat, backend, op, algorithm, transport, params)
         if self._log_calls:
             self._log_call(prepared, flat, op, cached)
@@ -374,7 +424,11 @@ class Communicator:
             if transport is None and prof_backend != backend.name:
                 # The profile's transports were chosen for its own kind of buffer (a host
                 # profile, like the built-in one, says 'mpi'): other buffers use theirs.
-                transport = default_transport(backend)
+                transport = self._default_transport(backend)
+            elif transport is None and not self.engine.runs_transport(chosen.transport):
+                # A profile's transport of another engine (the built-in profile's 'mpi'
+                # under torch): this engine's own for these buffers.
+                transport = self._default_transport(backend)
             if transport is not None:
                 chosen = Plan(chosen.algorithm, chosen.params, transport, chosen.source,
                               chosen.rule, chosen.min_bytes, chosen.max_bytes, chosen.measured)
@@ -384,7 +438,7 @@ class Communicator:
         cls = get_algorithm(chosen.algorithm)
         with self._tuned_with(chosen):
             checked = cls.check_params(chosen.params, self.size)
-        tname = chosen.transport or default_transport(backend)
+        tname = chosen.transport or self._default_transport(backend)
         plan = Plan(chosen.algorithm, checked, tname, chosen.source, chosen.rule,
                     chosen.min_bytes, chosen.max_bytes, chosen.measured)
         # ``avg``: an algorithm that fuses it divides what it owns before its all-gather;
@@ -422,6 +476,11 @@ class Communicator:
         lib = raw.get("library") if chosen.source != "explicit" else None
         return tuned_with(lib.get("name") if isinstance(lib, dict) else None)
 
+    def _default_transport(self, backend: Backend) -> str:
+        """The transport for ``backend``'s buffers when neither the call nor (a profile of
+        this engine) names one: the backend's own under MPI, the engine's elsewhere."""
+        return self.engine.default_transport(self.comm, backend)
+
     def _context(self, backend: Backend, tname: str) -> Context:
         ctx = self._contexts.get((backend.name, tname))
         if ctx is None:
@@ -452,6 +511,8 @@ class Communicator:
         what = plan.algorithm + (f" ({plan.describe_params()})" if plan.params else "")
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         kind = type(exc).__name__
+        if type(exc).__module__.startswith("torch"):
+            kind = "torch." + kind
         if type(exc).__module__.startswith("mpi4py"):
             kind = "MPI." + kind
             if "MPI_ERROR field" in first:  # MPI_ERR_IN_STATUS: the detail is per request
@@ -475,11 +536,53 @@ class Communicator:
         tuner calls it between candidates so memory does not grow with every trial."""
         self._plans.clear()
 
+    def save_tuning(self, path: str | os.PathLike[str] | None = None) -> str | None:
+        """Online tuning: write the choices settled so far as a profile (rank 0, atomically;
+        ``path`` or the ``tune_out`` file). Returns the path on rank 0, ``None`` elsewhere.
+        Not collective. ``ValueError`` when online tuning is off."""
+        if self.online is None:
+            raise ValueError(f"rank {self.rank}: save_tuning: online tuning is off; build the "
+                             "Communicator with tune='online' (or RINGTUNE_TUNE=online)")
+        return self.online.save(None if path is None else os.fspath(path))
+
+    def enable_online(self, tune_out: str | os.PathLike[str] | None = None,
+                      tune_options: Mapping[str, Any] | None = None,
+                      tune: str | None = "online") -> None:
+        """Turn online tuning on for an existing communicator (``HookState(tune=...)``);
+        collective: the ranks' settings are compared (one allgather) and bad or differing
+        ones raise on every rank. Keeps the tuning already on."""
+        from .online import OnlineTuner, agree_settings, prepare_settings, refuse_set_aside
+
+        # Already tuning (RINGTUNE_TUNE): its own output and lock stand.
+        setting, lock = prepare_settings(self.rank, tune, tune_out, tune_options,
+                                         take_lock=self.online is None)
+        made = None
+        try:
+            tuning = agree_settings(self.comm.allgather(setting), self.rank)
+            if tuning is None and self.online is not None:
+                raise ValueError(f"rank {self.rank}: tune={tune!r} on a Communicator that "
+                                 "tunes online (RINGTUNE_TUNE=online or its tune=): leave "
+                                 "tune unset, or build the Communicator without tuning")
+            if tuning is None or self.online is not None:
+                return
+            self.online = made = OnlineTuner(self, tuning[0], tuning[1], lock)
+            refuse_set_aside(self)
+        except BaseException:
+            if made is not None:
+                made.discard()
+                self.online = None
+            elif lock is not None:
+                lock.release()
+            raise
+
     def close(self) -> None:
-        """Free scratch buffers and transport resources (NCCL communicators)."""
+        """Free scratch buffers and transport resources (NCCL communicators); with online
+        tuning, rank 0 first writes the tuned profile (``tune_out``)."""
         from .exchange import close_exchanger
 
         close_exchanger(self)  # after the communication thread's queued work
+        if self.online is not None:
+            self.online.close()
         self._plans.clear()
         for ctx in self._contexts.values():
             ctx.close()
@@ -487,18 +590,6 @@ class Communicator:
             t.close()
         self._transports.clear()
         self._contexts.clear()
-
-
-def _check_world(comm: Any) -> None:
-    """An mpi4py communicator in a job whose launcher started another world (a torchrun
-    job, where every MPI is a 1-rank singleton): ``WorldMismatchError`` on every rank, before
-    any step (``collectives.launcher.check_mpi_world``)."""
-    if type(comm).__module__.startswith("mpi4py"):
-        from mpi4py import MPI
-
-        from .launcher import check_mpi_world
-
-        check_mpi_world(MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank())
 
 
 def _shape(world_size: int | None, hosts: Any) -> str:

@@ -52,3 +52,16 @@ def check_dtype(dtype: Any, extra: tuple[str, ...] = ()) -> str:
 def is_integer(dtype_str: str) -> bool:
     """True for the integer dtypes (whose results must be exact)."""
     return dtype_str.startswith("int") or dtype_str.startswith("uint")
+
+
+def busbw_factor(n: int) -> float:
+    """``2(n−1)/n``: bus bandwidth per algorithm bandwidth for allreduce."""
+    return 2.0 * (n - 1) / n if n > 0 else 0.0
+
+
+def busbw(nbytes: float, time_us: float, n: int) -> float:
+    """nccl-tests' bus bandwidth in GB/s of an allreduce of ``nbytes`` taking ``time_us`` on
+    ``n`` ranks (0 for a time that is not positive)."""
+    if time_us <= 0:
+        return 0.0
+    return float(nbytes) / (float(time_us) * 1e-6) / 1e9 * busbw_factor(n)

@@ -192,3 +192,11 @@ class Plan:
         """``rings=2 chunk_bytes=1048576`` style text (``params_text``), or an empty
         string."""
         return params_text(self.params)
+
+
+def plan_key(flat: Any, op: str, backend: Any, algorithm: str | None,
+              transport: str | None, params: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The plan-cache key of a call: (size, dtype, op, backend, choice). Parameters are
+    keyed by their repr, since values such as explicit ring orders are lists."""
+    return (flat.size, flat.dtype, op, backend.name, algorithm, transport,
+            repr(sorted(params.items())) if params else None)

@@ -29,6 +29,11 @@ Modes (``HookState(comm, staleness=..., average_every=...)``; both off by defaul
   gradients and ``state.average_parameters(model.parameters())`` after ``optimizer.step()``
   averages the parameters every H-th step (call it every step).
 
+Online tuning (``HookState(comm, tune="online", tune_out=FILE)``, or the communicator's own
+``RINGTUNE_TUNE=online``): each bucket size's algorithm is chosen on the job's first steps
+and kept (``collectives.online``); buckets of a size still exploring take the full path,
+settled ones the cached plan. Every rank must pass the same tuning arguments.
+
 Channels (``HookState(comm, channels=2)``, off by default): bucket i is averaged on
 channel i % 2, each channel a duplicate of ``comm`` with its own communication thread, so
 that two buckets are in flight at once: on a tiered cluster one bucket's inter-host phase
@@ -54,9 +59,9 @@ except ImportError as _exc:  # the torch API without torch: one line with the fi
                       "with `pip install 'ringtune[torch]'` (or `make .venv-torch/.installed`)"
                       ) from None
 
-from .communicator import _plan_key
 from .errors import AgreementError, require_agreement
 from .exchange import exchanger_for
+from .plan import plan_key as _plan_key
 
 __all__ = ["HookState", "ddp_hook"]
 
@@ -96,6 +101,11 @@ def _check_ddp_world(comm: Any) -> None:
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         return
+    if getattr(comm.comm, "label", "") == "group":
+        # A new_group the user chose (collectives.engines.torch): DDP may run over that same
+        # group (DDP(process_group=...)), which the hook cannot see; WORLD, an MPI world
+        # and ringtune's own sub-groups are checked.
+        return
     world = dist.get_world_size()
     if world != comm.size:
         raise WorldMismatchError(
@@ -109,7 +119,8 @@ class HookState:
     """State of ``ddp_hook``: the ``Communicator``, its communication thread, the mode."""
 
     def __init__(self, comm: Any, staleness: int = 0, average_every: int = 1,
-                 channels: int = 1) -> None:
+                 channels: int = 1, tune: str | None = None, tune_out: Any = None,
+                 tune_options: Any = None) -> None:
         from .communicator import Communicator
 
         if not isinstance(comm, Communicator):
@@ -129,6 +140,16 @@ class HookState:
             raise ValueError(f"rank {comm.rank}: channels must be an integer 1..{MAX_CHANNELS},"
                              f" got {channels!r}")
         _check_ddp_world(comm)
+        if tune is None:
+            tune = "online" if comm.online is not None or tune_out is not None \
+                or tune_options is not None else "off"
+        # Online tuning of the buckets (collectives.online): one allgather compares every
+        # rank's tuning arguments (ranks that differ fail together, before any step); on
+        # the calling thread, before the communication thread starts.
+        comm.enable_online(tune_out=tune_out, tune_options=tune_options, tune=tune)
+        if comm.online is not None and channels > 1:
+            raise ValueError(f"rank {comm.rank}: online tuning explores on one channel: use "
+                             "channels=1 with tune='online' (or RINGTUNE_TUNE=online)")
         self.comm = comm
         self.rank: int = comm.rank
         self.world: int = comm.size
@@ -163,7 +184,7 @@ class HookState:
         from .exchange import check_thread_level
 
         comm = self.comm
-        check_thread_level(comm.rank, concurrent=True)
+        check_thread_level(comm.rank, concurrent=True, comm=comm)
 
         profile = comm.profile
 
@@ -184,8 +205,11 @@ class HookState:
 
     def _check(self, sig: tuple[Any, ...], buf: Any, comm: Any = None) -> None:
         """On the communication thread of ``comm`` (default: the state's): every rank has
-        the same bucket and can serve it."""
+        the same bucket and can serve it, and DDP's group is the communicator's world (a
+        HookState made before ``init_process_group`` was not checked at construction):
+        ``WorldMismatchError`` in the first ``backward``, before any optimizer step."""
         comm = self.comm if comm is None else comm
+        _check_ddp_world(comm)
         problem = ""
         try:
             from .registry import backend_for

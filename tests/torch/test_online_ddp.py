@@ -1,0 +1,125 @@
+"""DDP training on the digits example with online tuning (``HookState(tune="online")``):
+it tracks the same job run with a fixed choice (parameters within float tolerance, bitwise
+equal across ranks) while its buckets explore candidates, settles every bucket size, writes
+a profile that loads and validates, and a second job loading it explores nothing."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from train_digits import digits, make_model, shard
+
+from collectives import Communicator
+from collectives.profile import load_profile
+
+from .conftest import WORLD, agree
+
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+DATA = digits()
+OPTIONS = {"calls": 8, "samples": 2, "candidates": 4, "share": 1.0}
+
+
+@pytest.fixture()
+def folder() -> Any:
+    path = WORLD.bcast(tempfile.mkdtemp(prefix="ringtune-online-ddp-") if RANK == 0
+                       else None)
+    yield path
+    WORLD.Barrier()
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("RINGTUNE_PROFILE", "RINGTUNE_TUNE", "RINGTUNE_TUNE_OUT"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def _wrap(model: nn.Module, comm: Communicator, **tune: Any) -> tuple[nn.Module, Any]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from collectives.torch import HookState, ddp_hook
+
+    ddp = DDP(model, bucket_cap_mb=0.004)  # several buckets of a few sizes
+    state = HookState(comm, **tune)
+    ddp.register_comm_hook(state, ddp_hook)
+    return ddp, state
+
+
+def _step(ddp: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    xtr, ytr = DATA[0], DATA[1]
+    idx = shard(step, len(xtr), 16, RANK, SIZE)
+    opt.zero_grad(set_to_none=False)
+    nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx]).backward()
+    opt.step()
+
+
+def _flat(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _same_on_every_rank(t: torch.Tensor) -> bool:
+    import hashlib
+
+    return len(set(WORLD.allgather(hashlib.sha256(t.numpy().tobytes()).hexdigest()))) == 1
+
+
+def test_online_ddp_tracks_a_fixed_choice_and_its_profile_is_reused(folder: str) -> None:
+    out = os.path.join(folder, "online.yaml")
+    tuned_comm = Communicator(WORLD.Dup())
+    fixed_comm = Communicator(WORLD.Dup())
+    ours, ref = make_model(32, 2), make_model(32, 2)
+    ddp_ours, state = _wrap(ours, tuned_comm, tune="online", tune_out=out,
+                            tune_options=OPTIONS)
+    ddp_ref, fixed = _wrap(ref, fixed_comm)
+    opt_ours = torch.optim.SGD(ddp_ours.parameters(), lr=0.05, momentum=0.9)
+    opt_ref = torch.optim.SGD(ddp_ref.parameters(), lr=0.05, momentum=0.9)
+    bad: list[str] = []
+    for step in range(20):
+        _step(ddp_ours, opt_ours, step)
+        _step(ddp_ref, opt_ref, step)
+        a, b = _flat(ours), _flat(ref)
+        if not torch.allclose(a, b, rtol=1e-4, atol=1e-5):
+            bad.append(f"step {step}: max |online - fixed| = {float((a - b).abs().max())}")
+        if not _same_on_every_rank(a):
+            bad.append(f"step {step}: parameters differ across ranks")
+        if bad:
+            break
+    tuner = tuned_comm.online
+    sizes = {k[0] for k in tuner.settled}
+    if not tuner.settled:
+        bad.append("no bucket size settled")
+    if SIZE > 1 and not tuner.exploring_calls:
+        bad.append("nothing was explored")
+    state.close()
+    fixed.close()
+    tuned_comm.close()  # rank 0 writes the profile
+    fixed_comm.close()
+    for c in (tuned_comm, fixed_comm):
+        c.comm.Free()
+    WORLD.Barrier()
+    agree(bad)
+    prof = load_profile(out, world_size=SIZE)
+    assert prof.tuning["mode"] == "online"
+    # Every size settled, and those still exploring when the job ended (DDP's first-step
+    # buckets, called once) with what was learnt.
+    assert set(prof.tuning["online_settled"]) >= {4 * s for s in sizes}
+
+    # The next job loads it: the same buckets, nothing explored.
+    again = Communicator(WORLD.Dup(), profile=out)
+    model = make_model(32, 2)
+    ddp, state = _wrap(model, again, tune="online")
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    for step in range(3):
+        _step(ddp, opt, step)
+    bad = [] if not again.online.exploring_calls else [
+        f"the second job explored {again.online.exploring_calls} call(s)"]
+    if not _same_on_every_rank(_flat(model)):
+        bad.append("second job: parameters differ across ranks")
+    state.close()
+    again.close()
+    again.comm.Free()
+    agree(bad)

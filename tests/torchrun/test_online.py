@@ -1,0 +1,104 @@
+"""Online tuning under torchrun, with torch.distributed as ringtune's engine: the same
+decisions (rank 0's bcast, the allgather of times) over the process group; every call right
+and bitwise equal on every rank, every size settled alike, a profile that loads, a second
+job that explores nothing, and DDP with ``HookState(tune="online")`` tracking DDP's own
+gloo allreduce."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from train_digits import digits, make_model, shard
+
+from collectives import Communicator
+from collectives.profile import load_profile
+from collectives.torch import HookState, ddp_hook
+
+from ..results import check_input, expected
+from .conftest import RANK, SIZE, agree, world
+
+COUNTS = (5, 1001, 70003)
+OPTIONS = {"calls": 8, "samples": 2, "candidates": 4, "share": 1.0}
+DATA = digits()
+
+
+def _folder() -> str:
+    return world().bcast(tempfile.mkdtemp(prefix="ringtune-online-tr-") if RANK == 0
+                         else None, root=0)
+
+
+def _steps(c: Communicator, steps: int) -> list[str]:
+    bad = []
+    for step in range(steps):
+        for count in COUNTS:
+            buf = torch.from_numpy(check_input(count, "float32", "avg", RANK))
+            c.allreduce(buf, op="avg")
+            if not np.array_equal(buf.numpy(), expected(count, "float32", "avg", SIZE)):
+                bad.append(f"step {step}: {count} elements: wrong result")
+            digest = hashlib.sha256(buf.numpy().tobytes()).hexdigest()
+            if len(set(world().allgather(digest))) != 1:
+                bad.append(f"step {step}: {count} elements: ranks differ")
+    return bad
+
+
+def test_online_tuning_over_a_process_group() -> None:
+    out = os.path.join(_folder(), "online.yaml")
+    c = Communicator(dist.group.WORLD, tune="online", tune_out=out, tune_options=OPTIONS)
+    bad = _steps(c, 12)
+    settled = {k[0]: v.config.key for k, v in c.online.settled.items()}
+    if any(s != settled for s in world().allgather(settled)):
+        bad.append("ranks settled differently")
+    if set(settled) != set(COUNTS):
+        bad.append(f"settled only {sorted(settled)}")
+    c.close()
+    agree(bad)
+    world().allgather(None)  # rank 0 has written it
+    prof = load_profile(out, world_size=SIZE)
+    assert prof.tuning["mode"] == "online"
+    again = Communicator(dist.group.WORLD, profile=out, tune="online")
+    bad = _steps(again, 2)
+    if again.online.exploring_calls:
+        bad.append(f"the second job explored {again.online.exploring_calls} call(s)")
+    again.close()
+    agree(bad)
+
+
+def test_ddp_with_online_tuning_tracks_ddp_over_gloo() -> None:
+    comm = Communicator(dist.group.WORLD)
+    ours, ref = make_model(32, 3), make_model(32, 3)
+    ddp_ours = DDP(ours, bucket_cap_mb=0.004)
+    state = HookState(comm, tune="online", tune_options=OPTIONS)
+    ddp_ours.register_comm_hook(state, ddp_hook)
+    ddp_ref = DDP(ref, bucket_cap_mb=0.004)
+    opt_ours = torch.optim.SGD(ddp_ours.parameters(), lr=0.05, momentum=0.9)
+    opt_ref = torch.optim.SGD(ddp_ref.parameters(), lr=0.05, momentum=0.9)
+    bad: list[str] = []
+    for step in range(16):
+        for ddp, opt in ((ddp_ours, opt_ours), (ddp_ref, opt_ref)):
+            xtr, ytr = DATA[0], DATA[1]
+            idx = shard(step, len(xtr), 16, RANK, SIZE)
+            opt.zero_grad(set_to_none=False)
+            nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx]).backward()
+            opt.step()
+        a = torch.cat([p.detach().reshape(-1) for p in ours.parameters()])
+        b = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
+        if not torch.allclose(a, b, rtol=1e-4, atol=1e-5):
+            bad.append(f"step {step}: max |online - DDP| = {float((a - b).abs().max())}")
+            break
+        if len(set(world().allgather(hashlib.sha256(a.numpy().tobytes()).hexdigest()))) > 1:
+            bad.append(f"step {step}: parameters differ across ranks")
+            break
+    if not comm.online.settled:
+        bad.append("no bucket size settled")
+    state.close()
+    comm.close()
+    agree(bad)
+
+

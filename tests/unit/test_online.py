@@ -1,0 +1,363 @@
+"""Online tuning (``collectives.online``): the decision logic on its own, the candidates it
+may explore, the merged profile it writes, and whole in-process jobs (threads as ranks,
+``tests/inproc.py``) that explore, settle, survive failing candidates and refuse bad
+settings on every rank."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from collectives import Communicator
+from collectives.algorithms.base import Algorithm
+from collectives.candidates import in_space, normalised, searchable_algorithms
+from collectives.errors import AgreementError
+from collectives.online import (
+    OnlineOptions,
+    SizeClass,
+    agree_settings,
+    candidate_list,
+    merge_rules,
+    prepare_settings,
+    resolve_mode,
+    resolve_options,
+)
+from collectives.plan import Config
+from collectives.profile import Profile, Rule, profile_from_dict
+from tests import inproc
+from tests.results import check_input, expected
+
+A, B, C = Config("native"), Config("rhd"), Config("multiring", {"rings": 2})
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    inproc.register()
+    monkeypatch.setenv("RINGTUNE_ON_ERROR", "raise")
+    for var in ("RINGTUNE_PROFILE", "RINGTUNE_CHECK", "RINGTUNE_TUNE", "RINGTUNE_TUNE_OUT",
+                "RINGTUNE_TUNE_CALLS", "RINGTUNE_TUNE_SAMPLES", "RINGTUNE_TUNE_SHARE",
+                "RINGTUNE_TUNE_CANDIDATES", "RINGTUNE_TUNE_MARGIN", "RINGTUNE_TUNE_PRUNE",
+                "RINGTUNE_TUNE_SEED"):
+        monkeypatch.delenv(var, raising=False)
+
+
+# -- decisions -------------------------------------------------------------------------------
+
+
+def _run(sc: SizeClass, times: dict[str, list[float]], job: float = 1e9) -> list[str]:
+    """Drive ``sc`` to its settlement; each candidate's calls take ``times[algorithm]`` in
+    turn (seconds). Returns the decisions' actions and candidates, in order."""
+    seen: list[str] = []
+    for _ in range(1000):
+        d = sc.decide(job)
+        seen.append(f"{d.action}:{d.config.algorithm}")
+        if d.action == "settle":
+            return seen
+        assert d.action == "run"
+        t = times[d.config.algorithm]
+        sc.report(d.index, t[min(len(sc.times[d.index]), len(t) - 1)])
+    raise AssertionError("never settled")
+
+
+def test_each_candidate_runs_its_samples_in_order_and_the_fastest_wins() -> None:
+    sc = SizeClass(1 << 20, [A, B, C], OnlineOptions(samples=2))
+    seen = _run(sc, {"native": [1.0, 1.0], "rhd": [0.5, 0.7], "multiring": [0.9]})
+    assert seen == ["run:native"] * 2 + ["run:rhd"] * 2 + ["run:multiring"] * 2 + [
+        "settle:rhd"]
+    assert sc.winner == 1 and sc.reason == "every candidate measured"
+    assert sc.score(1) == pytest.approx(0.6)
+    # Settled: every later decision repeats the winner.
+    assert sc.decide(1e9).action == "settle" and sc.decide(1e9).index == 1
+
+
+def test_a_challenger_within_the_margin_keeps_the_incumbent() -> None:
+    sc = SizeClass(4096, [A, B], OnlineOptions(samples=1, margin=0.05))
+    _run(sc, {"native": [1.0], "rhd": [0.97]})
+    assert sc.winner == 0
+    sc = SizeClass(4096, [A, B], OnlineOptions(samples=1, margin=0.05))
+    _run(sc, {"native": [1.0], "rhd": [0.9]})
+    assert sc.winner == 1
+
+
+def test_a_slow_candidate_is_dropped_after_one_call() -> None:
+    sc = SizeClass(4096, [A, B, C], OnlineOptions(samples=3, prune=2.0))
+    seen = _run(sc, {"native": [1.0], "rhd": [2.5], "multiring": [1.5]})
+    assert seen.count("run:rhd") == 1 and seen.count("run:multiring") == 3
+    assert "too slow" in sc.dropped[1]
+    assert sc.winner == 0
+
+
+def test_a_failed_candidate_is_dropped_and_never_wins() -> None:
+    sc = SizeClass(4096, [A, B], OnlineOptions(samples=2))
+    d = sc.decide(1e9)
+    sc.report(d.index, 1.0)
+    sc.report(sc.decide(1e9).index, 1.0)
+    d = sc.decide(1e9)
+    assert d.config == B
+    sc.report(d.index, 0.001, failure="rank 1: RuntimeError: boom")
+    assert sc.dropped[1].startswith("failed: rank 1")
+    assert sc.decide(1e9).action == "settle" and sc.winner == 0
+
+
+def test_the_call_budget_settles_on_the_best_so_far() -> None:
+    sc = SizeClass(4096, [A, B, C], OnlineOptions(samples=3, calls=4))
+    seen = _run(sc, {"native": [1.0], "rhd": [0.5], "multiring": [0.1]})
+    assert seen[-1] == "settle:rhd" and len(seen) == 5
+    assert sc.reason == "4 exploring calls"
+
+
+def test_exploration_pauses_beyond_its_share_of_the_job() -> None:
+    sc = SizeClass(4096, [A, B], OnlineOptions(samples=2, share=0.1))
+    sc.report(0, 1.0)
+    sc.report(0, 1.0)
+    sc.report(1, 1.9)  # 0.9 s beyond the best so far
+    assert sc.overhead == pytest.approx(0.9)
+    held = sc.decide(job_seconds=5.0)
+    assert held.action == "hold" and held.index == 0 and "paused" in held.reason
+    assert sc.decide(job_seconds=10.0).action == "run"
+    # The share is the job's: what the other size classes cost counts too.
+    assert sc.decide(job_seconds=10.0, elsewhere=0.2).action == "hold"
+
+
+def test_a_class_needs_an_incumbent() -> None:
+    with pytest.raises(ValueError, match="incumbent"):
+        SizeClass(1, [], OnlineOptions())
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def test_modes_and_options_are_read_with_the_keyword_first() -> None:
+    assert resolve_mode(None, {"RINGTUNE_TUNE": "online"})
+    assert not resolve_mode(None, {})
+    assert not resolve_mode("off", {"RINGTUNE_TUNE": "online"})
+    with pytest.raises(ValueError, match=r"^RINGTUNE_TUNE='offline': unknown tuning mode"):
+        resolve_mode(None, {"RINGTUNE_TUNE": "offline"})
+    with pytest.raises(ValueError, match=r"^tune='yes please'"):
+        resolve_mode("yes please", {})
+    opts = resolve_options({"calls": 5}, {"RINGTUNE_TUNE_CALLS": "9",
+                                          "RINGTUNE_TUNE_SHARE": "0.2"})
+    assert opts.calls == 5 and opts.share == 0.2 and opts.samples == 3
+    with pytest.raises(ValueError, match=r"RINGTUNE_TUNE_SHARE='2'.*0\.\.1"):
+        resolve_options(None, {"RINGTUNE_TUNE_SHARE": "2"})
+    with pytest.raises(ValueError, match=r"RINGTUNE_TUNE_CALLS='many'"):
+        resolve_options(None, {"RINGTUNE_TUNE_CALLS": "many"})
+    with pytest.raises(ValueError, match=r"unknown option 'speed'"):
+        resolve_options({"speed": 1})
+
+
+def test_settings_disagreement_names_the_ranks_and_errors_name_the_rank(
+        tmp_path: Any) -> None:
+    on = prepare_settings(1, "online", None, None)[0]
+    off = prepare_settings(0, "off", None, None)[0]
+    with pytest.raises(AgreementError, match=r"ranks \[0\]: off; ranks \[1\]: online"):
+        agree_settings([off, on], 0)
+    bad = prepare_settings(2, "sometimes", None, None)[0]
+    with pytest.raises(ValueError, match=r"^rank 2: tune='sometimes'"):
+        agree_settings([on, on, bad], 0)
+    # An output that cannot be written is found by rank 0 before any step.
+    rec = prepare_settings(0, "online", tmp_path / "missing" / "p.yaml", None)[0]
+    with pytest.raises(ValueError, match=r"^rank 0: RINGTUNE_TUNE_OUT: .*missing"):
+        agree_settings([rec], 0)
+
+
+def test_a_second_writer_of_one_output_is_refused(tmp_path: Any) -> None:
+    out = tmp_path / "p.yaml"
+    first, lock = prepare_settings(0, "online", out, None)
+    assert first[0] == "online" and lock is not None
+    try:
+        second, none = prepare_settings(0, "online", out, None)
+        assert none is None and second[0] == "error"
+        assert "being written by another job" in second[1] and str(out) in second[1]
+    finally:
+        lock.release()
+    again, lock2 = prepare_settings(0, "online", out, None)
+    assert again[0] == "online" and lock2 is not None
+    lock2.release()
+
+
+# -- candidates ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("world", "hosts", "per_host"), [(2, 1, 2), (3, 1, 3), (4, 2, 2),
+                                                            (6, 3, 2)])
+def test_candidates_are_the_tuners_own_configurations(world: int, hosts: int,
+                                                      per_host: int) -> None:
+    inc = Config("multiring", {"rings": 2, "chunk_bytes": 0})
+    opts = OnlineOptions(candidates=8)
+    cands = candidate_list(inc, world, 1 << 20, hosts, per_host, opts, random.Random(0),
+                           default=Config("native"))
+    assert cands[0] == inc and 2 <= len(cands) <= 8
+    keys = {normalised(c, world) for c in cands}
+    assert len(keys) == len(cands), "candidates repeat"
+    for c in cands[1:]:
+        assert c.algorithm in searchable_algorithms()
+        assert in_space(c, world, 1 << 20, hosts), c
+    if hosts > 1:
+        tier = Config("hierarchical", {"dims": [per_host, hosts], "rings": 1,
+                                       "chunk_bytes": 0, "inner": ["multiring", "multiring"]})
+        assert normalised(tier, world) in keys
+    # The same seed draws the same list (rank 0 decides; a rerun explores alike).
+    again = candidate_list(inc, world, 1 << 20, hosts, per_host, opts, random.Random(0),
+                           default=Config("native"))
+    assert again == cands
+
+
+def test_nothing_outside_the_space_is_a_candidate() -> None:
+    assert not in_space(Config("multiring", {"rings": 16}), 4, 1 << 20)  # space: 1..8
+    assert not in_space(Config("multiring", {"rings": 0}), 4, 1 << 20)  # refused
+    assert in_space(Config("multiring", {"rings": 8, "chunk_bytes": 0}), 4, 1 << 20)
+    assert candidate_list(A, 1, 4096, 1, 1, OnlineOptions(), random.Random(0)) == [A]
+
+
+# -- the written rules -----------------------------------------------------------------------
+
+
+def test_settled_sizes_take_their_neighbourhood_of_the_base_rule() -> None:
+    base = [{"min_bytes": 0, "max_bytes": 1023, "algorithm": "native", "params": {}},
+            {"min_bytes": 1024, "max_bytes": None, "algorithm": "rhd", "params": {}}]
+    win = {4096: {"algorithm": "multiring", "params": {"rings": 2}},
+           65536: {"algorithm": "native", "params": {}}}
+    rules = merge_rules(base, win)
+    # Each settled size from half to twice itself (split at the geometric midpoint with a
+    # settled neighbour), the base rules' choices elsewhere; contiguous from 0 to None.
+    assert [(r["min_bytes"], r["max_bytes"], r["algorithm"]) for r in rules] == [
+        (0, 1023, "native"), (1024, 2047, "rhd"), (2048, 8192, "multiring"),
+        (8193, 32767, "rhd"), (32768, 131072, "native"), (131073, None, "rhd")]
+    assert rules[0] == base[0]
+    assert merge_rules(base, {}) == base
+    # A settled size at a base rule's edge stays inside it.
+    edge = merge_rules(base, {1024: {"algorithm": "native", "params": {}}})
+    assert [(r["min_bytes"], r["max_bytes"], r["algorithm"]) for r in edge] == [
+        (0, 2048, "native"), (2049, None, "rhd")]
+
+
+# -- whole jobs in-process -------------------------------------------------------------------
+
+
+def _profile(n: int, algorithm: str = "native") -> Profile:
+    return Profile(rules=(Rule(0, None, algorithm, {}),), transport="inproc", world_size=n)
+
+
+def _job(n: int, counts: tuple[int, ...], steps: int, op: str = "sum",
+         **tune: Any) -> list[Any]:
+    """Every rank: ``steps`` rounds of allreduces of ``counts`` elements with online
+    tuning; each result checked bitwise against the closed form. Returns per rank the
+    settled choices, the explain lines and the profile rank 0 would write."""
+
+    def body(world: Any) -> Any:
+        c = Communicator(world, profile=_profile(n), topology=inproc.topology(n),
+                         tune="online", **tune)
+        try:
+            for step in range(steps):
+                for count in counts:
+                    buf = check_input(count, "float32", op, c.rank)
+                    c.allreduce(buf, op=op)
+                    want = expected(count, "float32", op, n)
+                    assert np.array_equal(buf, want), (step, count)
+            settled = {k[0]: v.config for k, v in c.online.settled.items()}
+            # Only the winners' plans stay (the candidates' scratch buffers are gone).
+            assert len(c._plans) == len(settled), sorted(map(str, c._plans))
+            return settled, [c.explain(4 * k) for k in counts], c.online.profile_dict()
+        finally:
+            c.online.out = None  # nothing to write here
+            c.close()
+
+    return inproc.run_ranks(n, body)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_a_job_explores_settles_and_agrees_on_every_rank(n: int) -> None:
+    counts = (3, 1000, 5000)
+    out = _job(n, counts, steps=12, tune_options={"calls": 8, "samples": 2, "share": 1,
+                                                  "candidates": 4})
+    settled = [o[0] for o in out]
+    assert all(s == settled[0] for s in settled), "ranks settled differently"
+    assert set(settled[0]) == set(counts), "a size class never settled"
+    for line in out[0][1]:
+        assert "settled by online tuning" in line
+    doc = out[0][2]
+    prof = profile_from_dict(doc, "<online>")  # a valid profile for this shape
+    assert prof.world_size == n
+    assert doc["tuning"]["mode"] == "online"
+    assert doc["tuning"]["online_settled"] == sorted(4 * k for k in counts)
+    for k in counts:
+        _, rule = prof.select(4 * k)
+        assert Config(rule.algorithm, rule.params) == normalised(
+            settled[0][k].with_transport(None), n)
+
+
+def test_avg_and_integer_results_stay_exact_while_exploring() -> None:
+    _job(4, (7, 4099), steps=10, op="avg", tune_options={"samples": 1, "share": 1})
+    _job(3, (7, 4099), steps=10, op="max", tune_options={"samples": 1, "share": 1})
+
+
+class _Explode(Algorithm):
+    """Raises on rank 1 without communicating; the other ranks leave the buffer as it is
+    (a wrong result, which the job must never see)."""
+
+    name = "explode"
+    test_only: ClassVar[bool] = True
+
+    def run(self, buf: Any) -> None:
+        if self.ctx.rank == 1:
+            buf[:1] = -1
+            raise RuntimeError("boom")
+
+
+class _Refused(Algorithm):
+    """Refused when its plan is built, alike on every rank."""
+
+    name = "refused"
+    test_only: ClassVar[bool] = True
+
+    def __init__(self, *args: Any) -> None:
+        raise ValueError("refused: no plan for this size")
+
+    def run(self, buf: Any) -> None:  # pragma: no cover - never built
+        raise AssertionError
+
+
+def test_a_failing_candidate_is_dropped_on_every_rank_and_the_call_completes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from collectives import online
+    from collectives.algorithms import registry
+
+    for cls in (_Explode, _Refused):
+        monkeypatch.setitem(registry._REGISTRY, cls.name, cls)
+
+    def rigged(incumbent: Config, *args: Any, **kw: Any) -> list[Config]:
+        return [incumbent, Config("explode"), Config("refused"), Config("rhd")]
+
+    monkeypatch.setattr(online, "candidate_list", rigged)
+    out = _job(3, (1000,), steps=8, tune_options={"samples": 1, "share": 1})
+    settled = out[0][0][1000]
+    assert settled.algorithm in ("native", "rhd")
+    doc = out[0][2]
+    assert doc["tuning"]["classes"][0]["calls"] == 4
+
+
+def test_ranks_with_different_settings_fail_together() -> None:
+    def body(world: Any) -> Any:
+        tune = "online" if world.Get_rank() != 1 else "off"
+        Communicator(world, profile=_profile(world.Get_size()),
+                     topology=inproc.topology(3), tune=tune)
+
+    with pytest.raises(AssertionError) as err:
+        inproc.run_ranks(3, body)
+    text = str(err.value)
+    for r in range(3):
+        assert f"rank {r}: AgreementError: rank {r}: ranks set different tuning" in text
+    assert "ranks [0, 2]: online" in text and "ranks [1]: off" in text
+
+    def bad(world: Any) -> Any:
+        Communicator(world, profile=_profile(2), topology=inproc.topology(2),
+                     tune="online", tune_options={"share": 5} if world.Get_rank() else None)
+
+    with pytest.raises(AssertionError) as err:
+        inproc.run_ranks(2, bad)
+    for r in range(2):
+        assert f"rank {r}: ValueError: rank 1: tune_options['share']=5" in str(err.value)
