@@ -65,7 +65,8 @@ class Communicator:
     per message size.
 
     ``comm``: an mpi4py communicator or a process group; ``None`` is ``MPI.COMM_WORLD``
-    (where no MPI library loads, ``collectives.mpilib.NoMpiError`` says what to install).
+    (where no MPI library loads, ``collectives.mpilib.NoMpiError`` says what to install),
+    except under torchrun, where it is refused naming ``init_process_group``.
     ``profile``: a path or a loaded ``Profile``; ``None`` reads ``$RINGTUNE_PROFILE``, else
     the built-in heuristic. ``strict``: raise instead of warning when the profile was tuned
     on a different topology (also ``RINGTUNE_STRICT=1``).
@@ -84,9 +85,15 @@ class Communicator:
                  tune_options: Mapping[str, Any] | None = None) -> None:
         log_level()  # an unknown RINGTUNE_LOG: ValueError on every rank, before any message
         if comm is None:
-            from .mpilib import load_mpi
+            from .launcher import under_torchrun
 
-            comm = load_mpi().COMM_WORLD
+            # Under torchrun ``None`` is most likely ``torch.distributed.group.WORLD`` read
+            # before ``init_process_group``: the engine registry says so in one line. Else
+            # it is MPI's world.
+            if not under_torchrun():
+                from .mpilib import load_mpi
+
+                comm = load_mpi().COMM_WORLD
         #: The distributed runtime behind ``comm`` (``mpi``, ``torch``: collectives.engines).
         self.engine: Engine = engine_for(comm)
         # The engine's mpi4py-like communicator object: the mpi4py Comm itself, or a

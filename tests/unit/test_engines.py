@@ -56,7 +56,11 @@ def test_engines_claim_their_objects_torch_first() -> None:
         get_engine("gloo")
 
 
-def test_no_group_and_unknown_objects_are_one_clear_line() -> None:
+def test_no_group_and_unknown_objects_are_one_clear_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under torchrun, None is group.WORLD read before init_process_group (outside it,
+    # Communicator(None) is MPI's world: tests/unit/test_world_mismatch.py).
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
     with pytest.raises(TypeError, match=r"None.*init_process_group has run") as err:
         Communicator(None)
     assert "\n" not in str(err.value)

@@ -50,3 +50,11 @@ def test_communicator_over_an_mpi_singleton_in_a_torchrun_job_raises(
         monkeypatch.setenv(k, v)
     with pytest.raises(WorldMismatchError, match="WORLD_SIZE=2"):
         Communicator(MPI.COMM_WORLD)
+
+
+def test_no_communicator_outside_torchrun_is_mpis_world() -> None:
+    from mpi4py import MPI
+
+    comm = Communicator()
+    assert comm.size == MPI.COMM_WORLD.Get_size() == 1
+    comm.close()
