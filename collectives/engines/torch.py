@@ -62,6 +62,12 @@ def _dist() -> Any:
     return dist
 
 
+def _world_size() -> int:
+    """The default group's size (0 before ``init_process_group``)."""
+    dist = _dist()
+    return int(dist.get_world_size()) if dist.is_initialized() else 0
+
+
 def _rank_hint() -> str:
     """This process's rank for a message written before a group is known."""
     from ..launcher import launcher_rank
@@ -167,22 +173,26 @@ class TorchComm:
             timeout = _timeout_of(group)
         self.timeout = (timeout if isinstance(timeout, datetime.timedelta)
                         else datetime.timedelta(seconds=float(timeout)))
+        ranks = self._world_ranks(group)
         #: World rank of each rank of this communicator, where known (error lines).
-        self.world_ranks: tuple[int, ...] = self._world_ranks(group)
-        self.label = "WORLD" if self.world_ranks == tuple(range(self.size)) else "group"
+        self.world_ranks: tuple[int, ...] = ranks or tuple(range(self.size))
+        #: ``WORLD`` for the default group (or a group that spans its ranks, or a bare
+        #: backend, which is its own world), ``group`` for a sub-group from ``new_group``.
+        self.label = "group" if ranks is not None and self.size < _world_size() else "WORLD"
         self.freed = False
         self._owned = False  # its groups are ringtune's own (a Split/Dup): Free drops them
 
     @staticmethod
-    def _world_ranks(group: Any) -> tuple[int, ...]:
-        size = int(group.size())
+    def _world_ranks(group: Any) -> tuple[int, ...] | None:
+        """The default group's rank of each rank of ``group``; ``None`` where ``group`` is
+        not registered with a default group (a creator's private group)."""
         try:
             dist = _dist()
             if dist.is_initialized() and hasattr(group, "_get_backend"):
                 return tuple(int(r) for r in dist.get_process_group_ranks(group))
         except (RuntimeError, ValueError, KeyError):
-            pass  # not registered with the default group (a creator's private group)
-        return tuple(range(size))
+            pass
+        return None
 
     # -- what the runtime asks ------------------------------------------------------
 
