@@ -47,7 +47,12 @@ from tests import contract, inproc
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "profiles" / "clusters" / "dgx-h100-32.yaml"
 #: CPU seconds and traced bytes any refusal may take (issue 25: < 1 s, < 100 MB).
-MAX_SECONDS = 1.0
+#: CPU seconds a refusal may take here. The target is < 1 s (measured by
+#: benchmarks/bench_refusals.py, worst 0.28 s); a test asserts no timing that load can
+#: break (CPU time too grows when two cores are shared by many processes: caches, frequency),
+#: so it checks the bound that separates bounded work from the unbounded kind this guards
+#: against (11-56 s for the inputs of issue 25), with room for a loaded machine.
+MAX_SECONDS = 5.0
 MAX_BYTES = 100 << 20
 
 
