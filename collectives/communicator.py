@@ -164,9 +164,15 @@ class Communicator:
         raise it together after the agreement collective."""
         if isinstance(profile, Profile):
             return profile
-        path = profile if profile is not None else os.environ.get("RINGTUNE_PROFILE") or None
+        path = profile if profile is not None else os.environ.get("RINGTUNE_PROFILE")
         if path is None:
             return builtin_profile(self.size)
+        if not os.fspath(path).strip():
+            # An empty name is a mistake (a variable set from an empty shell variable), not a
+            # request for the defaults: say so rather than run untuned without a word.
+            where = "RINGTUNE_PROFILE" if profile is None else "profile="
+            return ProfileError(f"{where} is empty: name a profile file, or unset it (pass "
+                                "None) for the built-in defaults")
         try:
             # Not ``world_size=self.size``: a profile of another world size is a topology
             # mismatch (warn and fall back, or raise when strict; ``_check_fingerprint``),
@@ -322,6 +328,11 @@ class Communicator:
             src += f", {prof.section}"
         text = (f"{nbytes} B -> {p.algorithm}{params} over {p.transport}: rule {p.rule} "
                 f"[{p.min_bytes}..{hi}] of {src}")
+        if prof.backend != _NP_BACKEND.name:
+            # The profile's transports were chosen for its own buffers (``_prepare``): say
+            # what host buffers get, or a cupy/nccl profile reads as NCCL for NumPy arrays.
+            text += (f" (for {prof.backend} buffers; host buffers run over "
+                     f"{self._default_transport(_NP_BACKEND)})")
         m = p.measured
         if m:
             bw, nat = m.get("busbw_gbps"), m.get("native_busbw_gbps")

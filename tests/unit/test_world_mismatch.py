@@ -4,6 +4,8 @@ leave every gradient un-averaged without a word."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from collectives import Communicator, WorldMismatchError
@@ -57,4 +59,32 @@ def test_no_communicator_outside_torchrun_is_mpis_world() -> None:
 
     comm = Communicator()
     assert comm.size == MPI.COMM_WORLD.Get_size() == 1
+    comm.close()
+
+
+@pytest.mark.parametrize("how", ["env", "keyword"])
+def test_an_empty_profile_name_is_an_error_not_the_defaults(
+        monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    from mpi4py import MPI
+
+    from collectives import ProfileError
+
+    if how == "env":
+        monkeypatch.setenv("RINGTUNE_PROFILE", "")
+    kw = {"profile": ""} if how == "keyword" else {}
+    with pytest.raises(ProfileError, match=r"(RINGTUNE_PROFILE|profile=) is empty: name a "
+                                           r"profile file, or unset it"):
+        Communicator(MPI.COMM_WORLD, **kw)
+
+
+def test_explain_says_what_host_buffers_run_under_a_gpu_profile(tmp_path: Any) -> None:
+    from mpi4py import MPI
+
+    prof = tmp_path / "gpu.yaml"
+    prof.write_text("format: ringtune-profile\nversion: 1\ntopology: {world_size: 1}\n"
+                    "backend: cupy\ntransport: nccl\nrules:\n"
+                    "- {min_bytes: 0, max_bytes: null, algorithm: native}\n")
+    comm = Communicator(MPI.COMM_WORLD, profile=str(prof))
+    line = comm.explain(1024)
+    assert "over nccl" in line and "(for cupy buffers; host buffers run over mpi)" in line, line
     comm.close()
