@@ -83,14 +83,19 @@ def test_size_mismatch_ends_every_rank_naming_the_rank(tmp_path: Path, algo: str
 
 
 def test_size_mismatch_in_native_ends_the_job(tmp_path: Path) -> None:
-    """MPI_Allreduce itself: the rank whose call fails names itself and ends the job.
-    MPICH's own report of the error (and the exit status, which carries its error code)
-    may or may not follow: Hydra drops what a rank printed just before an abort, so only
-    ringtune's line, written past the launcher before the abort, is asserted."""
+    """MPI_Allreduce itself: the job ends and no rank goes on. Which rank sees the error
+    first is a race: a rank whose call returns the error to Python names itself and ends
+    the job through ringtune's abort (exit status 1, its line written past the launcher
+    first); a rank whose MPICH meets it inside its progress engine aborts there, before any
+    Python runs, with MPICH's error code as the exit status (seen: 142) and a report that
+    Hydra may drop (an empty stderr). So ringtune's line is asserted where ringtune ended
+    the job, and the ending itself always."""
     res = _job(tmp_path, "size", "native")
-    assert res.returncode != 0 and "finished" not in res.stdout
-    assert re.search(r"^ringtune: rank \d: allreduce of \d+ B with native failed: .*"
-                     "ending every rank", res.stderr, re.M), res.stderr
+    assert res.returncode != 0 and "finished" not in res.stdout, (res.returncode, res.stdout)
+    named = re.search(r"^ringtune: rank \d: allreduce of \d+ B with native failed: .*"
+                      "ending every rank", res.stderr, re.M)
+    if res.returncode == 1:  # ringtune's abort_world(code=1) ended the job
+        assert named, res.stderr
 
 
 def test_on_error_raise_hands_the_failure_to_the_caller(tmp_path: Path) -> None:
