@@ -5,7 +5,9 @@ never come: under a plain ``mpiexec -n N python train.py`` (no ``-m mpi4py``) th
 hangs forever. Use ``abort_world(comm, line)`` wherever ringtune sees such a failure (an
 exception inside ``Communicator.allreduce`` once communication may have begun, a trial
 past ``--trial-timeout``, a runtime failure of a CLI verb): it prints ``line`` on stderr,
-gives the launcher a moment to forward it, and calls ``MPI_Abort``, which ends every rank.
+gives the launcher a moment to forward it, and calls ``MPI_Abort``, which ends every rank
+(under ``torch.distributed``, which has no abort, this rank exits: its peers' next
+operation with it fails, and torchrun's agent stops the rest).
 ``rank_line`` builds the line in the form ``ringtune: rank R: …``.
 
 A rank that calls ``os._exit`` ends at once (no ``atexit``, no MPI_Finalize, nothing
@@ -49,16 +51,13 @@ def on_error_mode() -> str:
 def rank_line(comm: Any, text: str) -> str:
     """``ringtune: rank R: text`` on one line (R in ``comm``; the world rank too when
     ``comm`` is a sub-communicator)."""
+    from .engines import engine_for
+
     rank = comm.Get_rank()
     where = f"rank {rank}"
-    try:
-        from mpi4py import MPI
-
-        world = MPI.COMM_WORLD.Get_rank()
-        if comm != MPI.COMM_WORLD and world != rank:
-            where += f" (world rank {world})"
-    except Exception:  # noqa: BLE001 - naming the rank in ``comm`` is enough
-        pass
+    world = engine_for(comm).world_rank(comm)
+    if world is not None:
+        where += f" (world rank {world})"
     return f"ringtune: {where}: " + " ".join(str(text).split())
 
 
@@ -74,7 +73,11 @@ def abort_world(comm: Any, line: str | None, code: int = 1) -> NoReturn:
             os.write(2, (line + "\n").encode(errors="replace"))
     sys.stderr.flush()
     time.sleep(ABORT_GRACE_S)
-    comm.Abort(code)
+    from .engines import engine_for
+
+    # MPI_Abort under MPI; under torch.distributed this rank exits and its peers' next
+    # operation with it fails (torchrun's agent then stops them).
+    engine_for(comm).abort(comm, code)
     _real_exit(code)  # Abort does not return; should an MPI let it, this rank still ends
 
 

@@ -24,13 +24,14 @@ import numpy as np
 from .abort import abort_world, name_abrupt_exits, on_error_mode, rank_line
 from .algorithms import Context, get_algorithm
 from .backend import Backend, check_buffer_dtype
+from .engines import Engine, engine_for
 from .errors import AgreementError, ProfileError, TopologyMismatchError, require_agreement
 from .logs import configure as configure_logging
 from .logs import log_level
 from .ops import check_op
 from .plan import Plan
 from .profile import Profile, builtin_profile, load_profile
-from .registry import backend_for, default_transport, get_backend, make_transport
+from .registry import backend_for, get_backend, make_transport
 from .tensors import as_buffer
 from .transport import Transport
 
@@ -66,7 +67,9 @@ def _plan_key(flat: Any, op: str, backend: Backend, algorithm: str | None,
 
 
 class Communicator:
-    """Allreduce over an mpi4py communicator, choosing the algorithm per message size.
+    """Allreduce over an mpi4py communicator or a ``torch.distributed`` process group
+    (``group.WORLD``, a ``new_group``; see ``collectives.engines``), choosing the algorithm
+    per message size.
 
     ``profile``: a path or a loaded ``Profile``; ``None`` reads ``$RINGTUNE_PROFILE``, else
     the built-in heuristic. ``strict``: raise instead of warning when the profile was tuned
@@ -76,7 +79,14 @@ class Communicator:
     def __init__(self, comm: Any, profile: str | os.PathLike[str] | Profile | None = None,
                  strict: bool = False, topology: Any = None) -> None:
         log_level()  # an unknown RINGTUNE_LOG: ValueError on every rank, before any message
-        _check_world(comm)
+        #: The distributed runtime behind ``comm`` (``mpi``, ``torch``: collectives.engines).
+        self.engine: Engine = engine_for(comm)
+        # The engine's mpi4py-like communicator object: the mpi4py Comm itself, or a
+        # TorchComm over a process group. Everything below talks to it.
+        comm = self.engine.communicator(comm)
+        # A world that is not the job's (an MPI singleton under torchrun) or a group ringtune
+        # cannot move bytes over: refused on every rank, before any step.
+        self.engine.check_world(comm)
         self.comm = comm
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
@@ -142,10 +152,8 @@ class Communicator:
         where a file was read; only where those differ (another copy laid out otherwise, or
         a ``Profile`` object) is the content hash computed and compared, in a second
         allgather."""
-        from mpi4py import MPI
-
         mine = (
-            MPI.Get_processor_name(),
+            self.engine.host_name(self.comm),
             None if isinstance(prof, Exception) else prof.source_digest or prof.sha256,
             str(prof) if isinstance(prof, Exception) else None,
             None if isinstance(prof, Exception) else prof.backend,
@@ -234,10 +242,14 @@ class Communicator:
         """The plan the profile picks for a message of ``nbytes`` bytes."""
         prof = self.profile
         idx, rule = prof.select(int(nbytes))
+        transport = rule.transport or prof.transport
+        if not self.engine.runs_transport(transport):
+            # A transport of another engine (the built-in profile's 'mpi' under torch).
+            transport = self.engine.default_transport(self.comm, _NP_BACKEND)
         return Plan(
             algorithm=rule.algorithm,
             params=dict(rule.params),
-            transport=rule.transport or prof.transport,
+            transport=transport,
             source="default" if prof.builtin else "profile",
             rule=idx,
             min_bytes=rule.min_bytes,
@@ -365,7 +377,11 @@ class Communicator:
             if transport is None and prof_backend != backend.name:
                 # The profile's transports were chosen for its own kind of buffer (a host
                 # profile, like the built-in one, says 'mpi'): other buffers use theirs.
-                transport = default_transport(backend)
+                transport = self._default_transport(backend)
+            elif transport is None and not self.engine.runs_transport(chosen.transport):
+                # A profile's transport of another engine (the built-in profile's 'mpi'
+                # under torch): this engine's own for these buffers.
+                transport = self._default_transport(backend)
             if transport is not None:
                 chosen = Plan(chosen.algorithm, chosen.params, transport, chosen.source,
                               chosen.rule, chosen.min_bytes, chosen.max_bytes, chosen.measured)
@@ -374,7 +390,7 @@ class Communicator:
                           transport=transport or "", source="explicit")
         cls = get_algorithm(chosen.algorithm)
         checked = cls.check_params(chosen.params, self.size)
-        tname = chosen.transport or default_transport(backend)
+        tname = chosen.transport or self._default_transport(backend)
         plan = Plan(chosen.algorithm, checked, tname, chosen.source, chosen.rule,
                     chosen.min_bytes, chosen.max_bytes, chosen.measured)
         # ``avg``: an algorithm that fuses it divides what it owns before its all-gather;
@@ -400,6 +416,11 @@ class Communicator:
                       plan.algorithm, plan.describe_params() or "no parameters",
                       plan.transport, plan.source)
         return prepared
+
+    def _default_transport(self, backend: Backend) -> str:
+        """The transport for ``backend``'s buffers when neither the call nor (a profile of
+        this engine) names one: the backend's own under MPI, the engine's elsewhere."""
+        return self.engine.default_transport(self.comm, backend)
 
     def _context(self, backend: Backend, tname: str) -> Context:
         ctx = self._contexts.get((backend.name, tname))
@@ -431,6 +452,8 @@ class Communicator:
         what = plan.algorithm + (f" ({plan.describe_params()})" if plan.params else "")
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         kind = type(exc).__name__
+        if type(exc).__module__.startswith("torch"):
+            kind = "torch." + kind
         if type(exc).__module__.startswith("mpi4py"):
             kind = "MPI." + kind
             if "MPI_ERROR field" in first:  # MPI_ERR_IN_STATUS: the detail is per request
@@ -466,18 +489,6 @@ class Communicator:
             t.close()
         self._transports.clear()
         self._contexts.clear()
-
-
-def _check_world(comm: Any) -> None:
-    """An mpi4py communicator in a job whose launcher started another world (a torchrun
-    job, where every MPI is a 1-rank singleton): ``WorldMismatchError`` on every rank, before
-    any step (``collectives.launcher.check_mpi_world``)."""
-    if type(comm).__module__.startswith("mpi4py"):
-        from mpi4py import MPI
-
-        from .launcher import check_mpi_world
-
-        check_mpi_world(MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank())
 
 
 def _shape(world_size: int | None, hosts: Any) -> str:

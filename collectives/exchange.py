@@ -81,10 +81,15 @@ def thread_level(concurrent: bool = False) -> tuple[int, int]:
             int(MPI.THREAD_MULTIPLE if concurrent else MPI.THREAD_SERIALIZED))
 
 
-def check_thread_level(rank: int, concurrent: bool = False) -> None:
+def check_thread_level(rank: int, concurrent: bool = False, comm: Any = None) -> None:
     """``ExchangeError`` naming the rank and the fix unless MPI allows a second thread to
     make MPI calls (``MPI_THREAD_SERIALIZED`` or more; ``MPI_THREAD_MULTIPLE`` for
-    ``concurrent`` threads, e.g. ``HookState(channels=2)``)."""
+    ``concurrent`` threads, e.g. ``HookState(channels=2)``). ``comm`` (a ``Communicator``):
+    nothing to check where its engine has no thread levels (``torch.distributed``: each
+    channel has its own groups, which any one thread may call)."""
+    engine = getattr(comm, "engine", None)
+    if engine is not None and not engine.thread_levels:
+        return
     provided, required = thread_level(concurrent)
     if concurrent and provided < required:
         raise ExchangeError(
@@ -111,7 +116,7 @@ class Exchanger:
     """
 
     def __init__(self, comm: Any, name: str = "ringtune-exchange") -> None:
-        check_thread_level(getattr(comm, "rank", 0))
+        check_thread_level(getattr(comm, "rank", 0), comm=comm)
         self.comm = comm
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._error: BaseException | None = None

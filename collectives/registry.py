@@ -2,8 +2,8 @@
 
 Use ``get_backend(name)`` / ``backend_for(buf)`` for a backend and
 ``make_transport(name, comm, backend)`` for a transport. The built-in ones (the ``numpy``
-backend, the ``mpi`` transport) are registered here. Everything else comes from plug-in
-modules that register their backends and transports (``register_backend``,
+backend, the ``mpi`` and ``torch`` transports) are registered here. Everything else comes
+from plug-in modules that register their backends and transports (``register_backend``,
 ``register_transport``) when they are imported: a name not registered yet makes the
 registry import the plug-ins listed in ``PLUGINS`` once, and a plug-in whose import fails
 registers nothing (as mpi4py's optional backends do). A plug-in module must import
@@ -23,6 +23,7 @@ import numpy as np
 from .backend import NUMPY, Backend, is_gpu_array
 from .transport import Transport
 from .transports.mpi import make_mpi_transport
+from .transports.torch import make_torch_transport
 
 #: Makes the backend (called once; the instance is shared). Raises ``ValueError`` saying
 #: what to install when the backend cannot work here.
@@ -123,3 +124,5 @@ def default_transport(backend: Backend) -> str:
 
 register_backend("numpy", lambda: NUMPY)
 register_transport("mpi", make_mpi_transport)
+# torch is imported by the transport's constructor only, under the ``torch`` engine.
+register_transport("torch", make_torch_transport)

@@ -163,7 +163,7 @@ class HookState:
         from .exchange import check_thread_level
 
         comm = self.comm
-        check_thread_level(comm.rank, concurrent=True)
+        check_thread_level(comm.rank, concurrent=True, comm=comm)
 
         profile = comm.profile
 

@@ -14,6 +14,7 @@ decides (CUDA orders devices fastest-first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -128,15 +129,23 @@ def gather(comm: Any, hosts_from_file: Sequence[Host] | None = None,
     ``hosts_from_file``: host facts loaded from a topology file instead of read here (one
     entry for all hosts, or one per host in host order).
     """
-    from mpi4py import MPI
-
     rank = comm.Get_rank()
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-    try:
-        local_rank = local.Get_rank()
-        leader = local.bcast(rank, root=0)
-    finally:
-        local.Free()
+    if hasattr(comm, "Split_type"):
+        from mpi4py import MPI
+
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        try:
+            local_rank = local.Get_rank()
+            leader = local.bcast(rank, root=0)
+        finally:
+            local.Free()
+    else:
+        # A communicator without MPI's shared-memory split (a torch.distributed group,
+        # collectives.engines.torch): ranks with the same host name share a host, the
+        # lowest-ranked leads it (what Split_type + bcast give under MPI).
+        names = comm.allgather(socket.gethostname())
+        same = [r for r, n in enumerate(names) if n == names[rank]]
+        local_rank, leader = same.index(rank), same[0]
     facts: Host | Exception | None = None
     if local_rank == 0 and hosts_from_file is None:
         try:

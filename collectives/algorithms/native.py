@@ -233,7 +233,8 @@ def _selector(name: str, transport: str, composition: bool = False) -> Any:
 
     label = f"{'composition' if composition else 'impl'}={name}"
     why = ("NCCL chooses its own algorithm" if transport == "nccl"
-           else unavailable_reason())
+           else "the torch.distributed group's backend (gloo, NCCL) chooses its own algorithm"
+           if transport == "torch" else unavailable_reason())
     if not why:
         if not composition:
             return Selector(name)

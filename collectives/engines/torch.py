@@ -1,0 +1,366 @@
+"""The ``torch`` engine: ``torch.distributed`` process groups, for jobs started by torchrun
+(or any launcher that initialises ``torch.distributed``).
+
+Use it through ``Communicator(torch.distributed.group.WORLD)`` or ``Communicator(group)``
+for a group from ``new_group``; a process group built without the default group (a
+backend creator's private ``dist.ProcessGroupGloo(PrefixStore(...), rank, size, timeout)``)
+comes in as ``Communicator(TorchComm(pg, store=store))``: its sub-groups need the store.
+
+``TorchComm`` gives the runtime the part of mpi4py's ``Comm`` it uses (``Get_rank``,
+``Get_size``, ``allgather``, ``bcast``, ``Barrier``, ``Split``, ``Dup``, ``Free``) over a
+group, so the ``Communicator``, the algorithms and the probes run unchanged; bytes move
+through the ``torch`` transport (``collectives.transports.torch``): gloo for CPU buffers,
+NCCL for CUDA buffers. Everything here calls the process group's own methods
+(``pg.allgather``, ``pg.send``…) with ranks *of the group*, never the ``dist.*`` functions,
+which take world ranks and know only groups registered with the default group.
+
+Sub-groups (``Split``, for the hierarchical grid) and duplicates (``Dup``, for separate
+exchange channels) are new gloo (CPU) and NCCL (CUDA) backends built from the job's store
+under a ``PrefixStore`` that rank 0 names and every member learns in the ``Split``'s own
+allgather. Not ``new_group``: it is collective over the whole default group (every world
+rank, same order), while ``Split`` is called only by the members of the communicator being
+split (a sub-communicator's ranks); ``use_local_synchronization=True`` lifts that but still
+needs the default group, which a backend creator's private group runs before; and a
+``PrefixStore`` group is what torch itself does under ``new_group``. The store is the one
+given, else the default group's.
+
+Importing this module does not import torch: the engine claims only objects of torch's
+modules, which exist only once torch is imported.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import socket
+import uuid
+from typing import Any
+
+import numpy as np
+
+from .base import Engine
+from .registry import register_engine
+
+#: Backends ringtune moves bytes over, per device kind: gloo for CPU memory, NCCL for CUDA.
+MOVERS: dict[str, str] = {"cpu": "gloo", "cuda": "nccl"}
+#: Seconds a sub-group's rendezvous and operations may take (torch's own default for gloo:
+#: 30 min) unless ``TorchComm(timeout=...)`` says otherwise.
+DEFAULT_TIMEOUT_S = 1800.0
+#: ``os._exit`` as it was at import, before ``collectives.abort.name_abrupt_exits`` wraps it
+#: with a line meant for exits ringtune did not choose.
+_REAL_EXIT = os._exit
+#: Reduction op names to ``dist.ReduceOp`` attribute names (``avg`` reduces with SUM, then
+#: the communicator divides).
+REDUCE_OPS: dict[str, str] = {"sum": "SUM", "avg": "SUM", "prod": "PRODUCT", "min": "MIN",
+                              "max": "MAX"}
+
+
+def _dist() -> Any:
+    import torch.distributed as dist
+
+    return dist
+
+
+def _rank_hint() -> str:
+    """This process's rank for a message written before a group is known."""
+    from ..launcher import launcher_rank
+
+    return str(launcher_rank())
+
+
+def backends_of(group: Any) -> dict[str, str]:
+    """The backend name serving each device kind of ``group`` (``{"cpu": "gloo"}``,
+    ``{"cpu": "gloo", "cuda": "nccl"}``…). A ``ProcessGroup`` lists its devices; a bare
+    c10d backend (``ProcessGroupGloo``/``ProcessGroupNCCL`` built from a store) serves the
+    device its name implies."""
+    get = getattr(group, "_get_backend", None)
+    if get is None:
+        name = str(group.name()).lower()
+        return {"cuda": name} if name == "nccl" else {"cpu": name}
+    import torch
+
+    out: dict[str, str] = {}
+    for dev in getattr(group, "_device_types", ()):
+        try:
+            out[dev.type] = str(get(torch.device(dev.type)).name()).lower()
+        except (RuntimeError, ValueError):
+            continue  # no backend registered for that device
+    if not out:
+        name = str(group.name()).lower()
+        out = {"cuda": name} if name == "nccl" else {"cpu": name}
+    return out
+
+
+def describe_backends(backends: dict[str, str]) -> str:
+    """``gloo`` when every device has the same backend, else ``cpu:gloo,cuda:nccl``."""
+    names = set(backends.values())
+    if len(names) == 1:
+        return names.pop()
+    return ",".join(f"{d}:{b}" for d, b in sorted(backends.items()))
+
+
+class TorchComm:
+    """mpi4py's communicator surface over a ``torch.distributed`` process group (see the
+    module docstring). ``group``: a ``ProcessGroup`` (``group.WORLD``, ``new_group``) or a
+    c10d backend built from a store; ``store``: where sub-groups rendezvous (default: the
+    default group's store); ``timeout``: for sub-groups' rendezvous and operations."""
+
+    def __init__(self, group: Any, store: Any = None,
+                 timeout: datetime.timedelta | float | None = None) -> None:
+        if group is None:
+            raise TypeError(
+                f"rank {_rank_hint()}: no process group (None): torch.distributed."
+                "group.WORLD is None until torch.distributed.init_process_group has run")
+        if isinstance(group, TorchComm):
+            raise TypeError("TorchComm over a TorchComm: pass the process group itself")
+        self.group = group
+        self.rank: int = int(group.rank())
+        self.size: int = int(group.size())
+        if self.rank < 0:
+            raise ValueError(
+                f"rank {_rank_hint()}: this process is not a member of the process group "
+                "it was given: build the Communicator only on the group's members (new_group "
+                "returns a group on every rank; use it where dist.get_rank(group) >= 0)")
+        self.backends: dict[str, str] = backends_of(group)
+        #: The group serving each device kind (a split's are its own new backends).
+        self.groups: dict[str, Any] = dict.fromkeys(self.backends, group)
+        self._store = store
+        if timeout is None:
+            timeout = DEFAULT_TIMEOUT_S
+        self.timeout = (timeout if isinstance(timeout, datetime.timedelta)
+                        else datetime.timedelta(seconds=float(timeout)))
+        #: World rank of each rank of this communicator, where known (error lines).
+        self.world_ranks: tuple[int, ...] = self._world_ranks(group)
+        self.label = "WORLD" if self.world_ranks == tuple(range(self.size)) else "group"
+        self.freed = False
+        self._owned = False  # its groups are ringtune's own (a Split/Dup): Free drops them
+
+    @staticmethod
+    def _world_ranks(group: Any) -> tuple[int, ...]:
+        size = int(group.size())
+        try:
+            dist = _dist()
+            if dist.is_initialized() and hasattr(group, "_get_backend"):
+                return tuple(int(r) for r in dist.get_process_group_ranks(group))
+        except (RuntimeError, ValueError, KeyError):
+            pass  # not registered with the default group (a creator's private group)
+        return tuple(range(size))
+
+    # -- what the runtime asks ------------------------------------------------------
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's name
+        return self.rank
+
+    def Get_size(self) -> int:  # noqa: N802 - mpi4py's name
+        return self.size
+
+    @property
+    def backend_label(self) -> str:
+        """The group's backend(s) as people write them (``gloo``, ``cpu:gloo,cuda:nccl``)."""
+        return describe_backends(self.backends)
+
+    def object_device(self) -> tuple[Any, Any]:
+        """(group, device) for the small object collectives: CPU where the group has a
+        CPU backend, else its GPU (an NCCL-only group)."""
+        import torch
+
+        self._check_live()
+        if "cpu" in self.groups:
+            return self.groups["cpu"], torch.device("cpu")
+        return self.groups["cuda"], torch.device("cuda", torch.cuda.current_device())
+
+    def _check_live(self) -> None:
+        if self.freed:
+            raise ValueError(f"rank {self.rank}: this communicator ({self.label}) was freed")
+
+    def allgather(self, value: Any) -> list[Any]:
+        """Everyone's picklable ``value``, in rank order (two allgathers: lengths, bytes)."""
+        if self.size == 1:
+            self._check_live()
+            return [value]
+        import torch
+
+        group, dev = self.object_device()
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        length = torch.tensor([len(data)], dtype=torch.int64, device=dev)
+        lengths = [torch.empty_like(length) for _ in range(self.size)]
+        group.allgather([lengths], [length]).wait()
+        sizes = [int(t.item()) for t in lengths]
+        mine = torch.zeros(max(sizes), dtype=torch.uint8)
+        if data:
+            mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        mine = mine.to(dev)
+        outs = [torch.empty_like(mine) for _ in range(self.size)]
+        group.allgather([outs], [mine]).wait()
+        return [pickle.loads(o[:n].cpu().numpy().tobytes()) for o, n in zip(outs, sizes)]
+
+    def bcast(self, value: Any, root: int = 0) -> Any:
+        """Rank ``root``'s ``value`` on every rank."""
+        return self.allgather(value if self.rank == root else None)[root]
+
+    def Barrier(self) -> None:  # noqa: N802 - mpi4py's name
+        """Every rank has reached this call (an allreduce of one element, which every
+        backend has; NCCL's own barrier needs device ids)."""
+        if self.size == 1:
+            return
+        import torch
+
+        group, dev = self.object_device()
+        one = torch.ones(1, dtype=torch.int32, device=dev)
+        group.allreduce([one]).wait()
+        if dev.type == "cuda":
+            one.cpu()  # the wait queued the stream behind NCCL: block until it ran
+
+    barrier = Barrier
+
+    def Split(self, color: int = 0, key: int = 0) -> TorchComm:  # noqa: N802
+        """The ranks that pass the same ``color``, ranked by ``key`` (then rank), as a new
+        communicator with its own groups. Collective over this communicator."""
+        token = uuid.uuid4().hex[:16] if self.rank == 0 else None
+        everyone = self.allgather((int(color), int(key), token))
+        name = everyone[0][2]
+        mine = sorted((k, r) for r, (c, k, _) in enumerate(everyone) if c == color)
+        members = [r for _, r in mine]
+        return self._child(f"ringtune/{name}/{color}", members)
+
+    def Dup(self) -> TorchComm:  # noqa: N802 - mpi4py's name
+        """The same ranks in their own groups (a separate channel: its messages never meet
+        this communicator's). Collective over this communicator."""
+        token = uuid.uuid4().hex[:16] if self.rank == 0 else None
+        name = self.bcast(token)
+        return self._child(f"ringtune/{name}/dup", list(range(self.size)))
+
+    def _child(self, prefix: str, members: list[int]) -> TorchComm:
+        dist = _dist()
+        store = self.store()
+        rank, size = members.index(self.rank), len(members)
+        groups: dict[str, Any] = {}
+        if self.backends.get("cpu") == "gloo":
+            groups["cpu"] = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}/cpu", store),
+                                                  rank, size, self.timeout)
+        if self.backends.get("cuda") == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = self.timeout
+            groups["cuda"] = dist.ProcessGroupNCCL(dist.PrefixStore(f"{prefix}/cuda", store),
+                                                   rank, size, opts)
+        if not groups:
+            raise ValueError(
+                f"rank {self.rank}: cannot make a sub-group of a torch.distributed group whose "
+                f"backend is {self.backend_label}: ringtune makes its own from gloo (CPU) or "
+                "NCCL (CUDA); build the Communicator over a gloo or NCCL group")
+        child = object.__new__(TorchComm)
+        child.group = next(iter(groups.values()))
+        child.rank, child.size = rank, size
+        child.backends = {d: MOVERS[d] for d in groups}
+        child.groups = groups
+        child._store = store
+        child.timeout = self.timeout
+        child.world_ranks = tuple(self.world_ranks[m] for m in members)
+        child.label = f"{self.label}/{prefix.rsplit('/', 2)[-1]}"
+        child.freed = False
+        child._owned = True
+        return child
+
+    def store(self) -> Any:
+        """The store sub-groups rendezvous through: the one given, else the default
+        group's; ``ValueError`` naming the fix when there is none."""
+        if self._store is not None:
+            return self._store
+        dist = _dist()
+        if dist.is_initialized():
+            from torch.distributed import distributed_c10d
+
+            self._store = distributed_c10d._get_default_store()
+            return self._store
+        raise ValueError(
+            f"rank {self.rank}: a sub-group of this process group needs a store (there is no "
+            "default group to borrow one from): pass it, "
+            "Communicator(TorchComm(pg, store=store))")
+
+    def Free(self) -> None:  # noqa: N802 - mpi4py's name
+        """Release this communicator: its own groups (a Split's, a Dup's) are dropped; a
+        group the user gave stays theirs."""
+        self.freed = True
+        if self._owned:
+            self.groups = {}
+
+
+class TorchEngine(Engine):
+    """``torch.distributed`` process groups (see the module docstring)."""
+
+    name = "torch"
+    claim_order = 10
+    thread_levels = False  # process groups may be called from the exchange thread
+
+    def claims(self, obj: Any) -> bool:
+        if isinstance(obj, TorchComm):
+            return True
+        return (type(obj).__module__.startswith("torch")
+                and all(callable(getattr(obj, m, None))
+                        for m in ("rank", "size", "allreduce", "send", "recv")))
+
+    def communicator(self, obj: Any) -> TorchComm:
+        return obj if isinstance(obj, TorchComm) else TorchComm(obj)
+
+    def check_world(self, comm: Any) -> None:
+        """A group whose backends ringtune cannot move bytes over is refused at once, on
+        every rank (every rank sees the same backends)."""
+        if not any(MOVERS.get(d) == b for d, b in comm.backends.items()):
+            raise ValueError(
+                f"rank {comm.rank}: ringtune cannot move bytes over a torch.distributed group "
+                f"whose backend is {comm.backend_label}: it runs over gloo (CPU tensors) and "
+                "NCCL (CUDA tensors); build the Communicator over such a group, e.g. "
+                "dist.new_group(backend='gloo'), or init_process_group('cpu:gloo,cuda:nccl')")
+
+    def host_name(self, comm: Any) -> str:
+        return socket.gethostname()
+
+    def world_rank(self, comm: Any) -> int | None:
+        ranks = getattr(comm, "world_ranks", ())
+        if len(ranks) == comm.Get_size():
+            world = ranks[comm.Get_rank()]
+            return world if world != comm.Get_rank() else None
+        return None
+
+    def abort(self, comm: Any, code: int) -> None:
+        # No MPI_Abort here: this rank exits, which closes its connections, so every peer's
+        # next operation with it fails; torchrun's agent then stops the other workers.
+        _REAL_EXIT(code)
+
+    def transports(self) -> tuple[str, ...]:
+        return ("torch",)
+
+    def default_transport(self, comm: Any, backend: Any) -> str:
+        return "torch"
+
+    def allreduce_array(self, comm: Any, arr: np.ndarray, op: str) -> None:
+        if comm.Get_size() == 1:
+            return
+        import torch
+
+        dist = _dist()
+        group, dev = comm.object_device()
+        t = torch.from_numpy(np.ascontiguousarray(arr)).to(dev)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = getattr(dist.ReduceOp, REDUCE_OPS[op])
+        group.allreduce([t], opts).wait()
+        arr[...] = t.cpu().numpy()
+
+    def describe(self, comm: Any) -> dict[str, str]:
+        return {"engine": self.name, "backend": describe_backends(comm.backends)}
+
+
+def torch_available() -> bool:
+    """Whether torch.distributed can be imported here (without importing it twice)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return bool(dist.is_available())
+
+
+TORCH_ENGINE = register_engine(TorchEngine())
+
+__all__ = ["TorchComm", "TorchEngine", "TORCH_ENGINE", "MOVERS", "backends_of",
+           "describe_backends", "torch_available"]
