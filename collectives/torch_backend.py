@@ -165,6 +165,69 @@ def _delegated(name: str) -> Callable[..., Any]:
     return method
 
 
+class _Lane:
+    """ringtune's all_reduce for one device kind of a group: its ``Communicator``, that
+    communicator's exchange thread, and what keeps calls in order.
+
+    An asynchronous call (DDP's buckets, ``async_op=True``) is queued on the exchange
+    thread and its ``Work`` completes from there. A synchronous call (``dist.all_reduce``'s
+    default, which waits at once) runs on the calling thread when nothing is queued: the
+    hand-off to a thread and back costs a wake-up each way, tens of µs on an idle core and
+    milliseconds on a loaded one, for nothing when the caller waits anyway. Queued calls
+    must run first (every rank reduces in the order it called), so ``submitted``/``done``
+    count them: each is written by one thread only (the caller's, the exchange thread's),
+    and ``lock`` keeps an inline call and a queued one from ever running at once."""
+
+    __slots__ = ("comm", "ex", "submitted", "done", "lock")
+
+    def __init__(self, comm: Any) -> None:
+        from .exchange import exchanger_for
+
+        self.comm = comm
+        self.ex = exchanger_for(comm)
+        self.submitted = 0
+        self.done = 0
+        self.lock = threading.Lock()
+
+    def run(self, t: torch.Tensor, op: str, tensors: list[torch.Tensor],
+            ready: Any) -> list[torch.Tensor]:
+        """Reduce ``t`` in place with the profile's choice (on either thread); the value is
+        the tensor list, what DDP reads from the future."""
+        with self.lock:
+            if ready is not None:
+                torch.cuda.set_device(t.device)  # a thread's current device starts at 0
+                ready.synchronize()
+            buf = t.detach()  # a parameter's .data may require grad; its storage counts
+            if buf.is_contiguous():
+                self.comm.allreduce(buf, op=op)
+            else:
+                dense = buf.contiguous()
+                self.comm.allreduce(dense, op=op)
+                buf.copy_(dense)
+        return tensors
+
+    def queued(self, t: torch.Tensor, op: str, tensors: list[torch.Tensor],
+               ready: Any) -> list[torch.Tensor]:
+        try:
+            return self.run(t, op, tensors, ready)
+        finally:
+            self.done += 1
+
+    def submit(self, fut: Any, t: torch.Tensor, op: str, tensors: list[torch.Tensor],
+               asynchronous: bool) -> Any:
+        """Reduce ``t`` inline or on the exchange thread (see the class docstring) and
+        complete ``fut`` with ``tensors``."""
+        ready = _ready_event(t)
+        if not asynchronous and self.submitted == self.done:
+            try:
+                fut.set_result(self.run(t, op, tensors, ready))
+            except BaseException as exc:  # noqa: BLE001 - delivered through the Work
+                fut.set_exception(exc)
+            return fut
+        self.submitted += 1
+        return self.ex.submit_to(fut, self.queued, t, op, tensors, ready)
+
+
 class RingtuneBackendMixin:
     """What both shapes of the ``ringtune`` backend do (see the module docstring): the
     all_reduce through ringtune, the rest through the delegates. Mixed into a
@@ -173,7 +236,6 @@ class RingtuneBackendMixin:
     def _setup(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
         from .communicator import Communicator
         from .engines.torch import TorchComm
-        from .exchange import exchanger_for
 
         self._rank, self._size = int(rank), int(size)
         self._store, self._timeout = store, timeout
@@ -181,14 +243,14 @@ class RingtuneBackendMixin:
         self._closed = False
         #: Per device kind: the c10d group that runs the delegated collectives.
         self._delegates: dict[str, Any] = {"cpu": self._gloo("delegate")}
-        #: Per device kind: ringtune's Communicator and its exchange thread.
-        self._comms: dict[str, tuple[Any, Any]] = {}
+        #: Per device kind: ringtune's Communicator, its exchange thread, the call order.
+        self._comms: dict[str, _Lane] = {}
         # Made now, collectively, so a bad profile or world fails init_process_group on
         # every rank, before the first step.
         comm = Communicator(TorchComm(self._gloo("allreduce"),
                                       store=dist.PrefixStore("ringtune/sub/cpu", store),
                                       timeout=timeout))
-        self._comms["cpu"] = (comm, exchanger_for(comm))
+        self._comms["cpu"] = _Lane(comm)
 
     # -- the groups ---------------------------------------------------------------------
 
@@ -220,14 +282,13 @@ class RingtuneBackendMixin:
                 self._delegates[kind] = inner
         return inner
 
-    def _ringtune_for(self, kind: str) -> tuple[Any, Any]:
+    def _ringtune_for(self, kind: str) -> _Lane:
         """ringtune's Communicator for tensors of device ``kind`` and its exchange thread
         (CUDA's made on the first CUDA all_reduce)."""
         got = self._comms.get(kind)
         if got is None:
             from .communicator import Communicator
             from .engines.torch import TorchComm
-            from .exchange import exchanger_for
 
             with self._lock:
                 got = self._comms.get(kind)
@@ -236,7 +297,7 @@ class RingtuneBackendMixin:
                         self._nccl("allreduce"),
                         store=dist.PrefixStore("ringtune/sub/cuda", self._store),
                         timeout=self._timeout))
-                    got = (comm, exchanger_for(comm))
+                    got = _Lane(comm)
                     self._comms[kind] = got
         return got
 
@@ -265,12 +326,12 @@ class RingtuneBackendMixin:
                 or t.dtype not in RINGTUNE_DTYPES.get(t.device.type, ())):
             return self._delegate_for(_device_kind(tensors)).allreduce(
                 tensors, _allreduce_options(opts))
-        comm, ex = self._ringtune_for(t.device.type)
+        lane = self._ringtune_for(t.device.type)
         if t.is_cuda:
             fut: Any = torch.futures.Future(devices=[t.device])
         else:
             fut = torch.futures.Future()
-        ex.submit_to(fut, _reduce, comm, t, op, tensors, _ready_event(t))
+        lane.submit(fut, t, op, tensors, bool(getattr(opts, "asyncOp", True)))
         return _create_work_from_future(fut)
 
     # -- the rest -----------------------------------------------------------------------
@@ -285,15 +346,15 @@ class RingtuneBackendMixin:
     def communicator(self) -> Any:
         """ringtune's ``Communicator`` of this group's CPU tensors (``explain``, ``plan_for``,
         ``profile``)."""
-        return self._comms["cpu"][0]
+        return self._comms["cpu"].comm
 
     def shutdown(self) -> None:
         """Finish queued all_reduces and free ringtune's communicators (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        for comm, _ in self._comms.values():
-            comm.close()
+        for lane in self._comms.values():
+            lane.comm.close()
 
     def abort(self) -> None:
         self.shutdown()
@@ -330,23 +391,6 @@ class RingtuneBackendMixin:
 
 for _name in DELEGATED:
     setattr(RingtuneBackendMixin, _name, _delegated(_name))
-
-
-def _reduce(comm: Any, t: torch.Tensor, op: str, tensors: list[torch.Tensor],
-            ready: Any) -> list[torch.Tensor]:
-    """On ringtune's exchange thread: reduce ``t`` in place with the profile's choice; the
-    future's value is the tensor list (what DDP reads from it)."""
-    if ready is not None:
-        torch.cuda.set_device(t.device)  # this thread's current device starts at 0
-        ready.synchronize()
-    buf = t.detach()  # a parameter's .data may require grad; its storage is what counts
-    if buf.is_contiguous():
-        comm.allreduce(buf, op=op)
-    else:
-        dense = buf.contiguous()
-        comm.allreduce(dense, op=op)
-        buf.copy_(dense)
-    return tensors
 
 
 class RingtuneProcessGroup(RingtuneBackendMixin, dist.ProcessGroup):  # type: ignore[misc]
