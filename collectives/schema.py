@@ -26,6 +26,7 @@ from .algorithms.native import COMPOSITIONS
 from .algorithms.registry import user_algorithm_names
 from .profile import (
     BACKENDS,
+    ENGINE_NAMES,
     FORMAT,
     PROFILE_DTYPES,
     PROFILE_OPS,
@@ -166,6 +167,12 @@ def profile_schema() -> dict[str, Any]:
                         "properties": {"name": {"type": "string"},
                                        "version": {"type": "string"},
                                        "nccl": {"type": "string"}}},
+            "engine": {"description": "the distributed engine the profile was tuned over "
+                                      "(absent: mpi) and its backend and version",
+                       "type": "object", "required": ["name"], "additionalProperties": False,
+                       "properties": {"name": {"enum": list(ENGINE_NAMES)},
+                                      "backend": {"type": "string"},
+                                      "version": {"type": "string"}}},
             "extra": {"type": ["object", "null"]},
         },
         "$defs": defs,
