@@ -21,7 +21,7 @@ CUDA_PY := $(CUDA_VENV)/bin/python
 TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
-.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test emulated tune bench clean schema
+.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test torchbackend-test emulated tune bench clean schema
 
 all: test
 
@@ -109,6 +109,18 @@ torch-test: $(TORCH_VENV)/.installed
 	done
 	@# DDP's gloo group across emulated hosts (needs torch; skips with the reason without root)
 	timeout 300 $(TORCH_PY) -m pytest -q -p no:cacheprovider -rs tests/emulated/test_gloo_emulated.py
+
+# The registered `ringtune` torch.distributed backend under torchrun at 1..3 ranks (the
+# default group is init_process_group("ringtune")), then the CLI, the example and the
+# engine-mismatch warning started by torchrun from one plain pytest.
+TORCHBACKEND_NP ?= 1 2 3
+torchbackend-test: $(TORCH_VENV)/.installed
+	@set -e; for n in $(TORCHBACKEND_NP); do \
+	  echo "== tests/torchbackend under torchrun --nproc-per-node $$n"; \
+	  timeout $(MPI_TEST_TIMEOUT) $(TORCH_VENV)/bin/torchrun --standalone --nproc-per-node $$n \
+	    --no-python $(TORCH_PY) -m pytest -q -p no:cacheprovider tests/torchbackend; \
+	done
+	timeout 900 $(TORCH_PY) -m pytest -q -p no:cacheprovider tests/torchcli
 
 # Multi-host tests: `ringtune emulate` builds hosts from network namespaces with shaped links
 # (profiles/clusters/emulated-*.yaml); the contract suite on 2x2 and 3x1, probe, fingerprint,
