@@ -21,7 +21,7 @@ CUDA_PY := $(CUDA_VENV)/bin/python
 TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
-.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test torchbackend-test emulated tune bench clean schema
+.PHONY: all install extra-venvs test lint unit mpi gpu cuda-static gpu-sim torch-test torchrun-test torchbackend-test emulated tune bench clean schema
 
 all: test
 
@@ -110,6 +110,15 @@ torch-test: $(TORCH_VENV)/.installed
 	@# DDP's gloo group across emulated hosts (needs torch; skips with the reason without root)
 	timeout 300 $(TORCH_PY) -m pytest -q -p no:cacheprovider -rs tests/emulated/test_gloo_emulated.py
 
+# torch.distributed as ringtune's engine, under torchrun at 1..4 ranks (one pytest per rank):
+# the contract over gloo, DDP over the hook with Communicator(group.WORLD), the loud failures.
+torchrun-test: $(TORCH_VENV)/.installed
+	@set -e; for n in $(NP_LIST); do \
+	  echo "== tests/torchrun under torchrun --nproc-per-node $$n"; \
+	  timeout $(MPI_TEST_TIMEOUT) $(TORCH_VENV)/bin/torchrun --standalone --nproc-per-node $$n \
+	    --no-python $(TORCH_PY) -m pytest -q -p no:cacheprovider tests/torchrun; \
+	done
+
 # The registered `ringtune` torch.distributed backend under torchrun at 1..3 ranks (the
 # default group is init_process_group("ringtune")), then the CLI, the example and the
 # engine-mismatch warning started by torchrun from one plain pytest.
@@ -139,7 +148,7 @@ emulated: install
 # ringtune.egg-info.
 test: install
 	$(MAKE) --no-print-directory -j3 --output-sync=target extra-venvs lint gpu unit
-	$(MAKE) --no-print-directory cuda-static gpu-sim torch-test mpi emulated
+	$(MAKE) --no-print-directory cuda-static gpu-sim torch-test torchrun-test mpi emulated
 
 # One after the other: both editable installs write ringtune.egg-info in this directory.
 extra-venvs:

@@ -96,6 +96,11 @@ def _check_ddp_world(comm: Any) -> None:
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         return
+    if getattr(comm.comm, "label", "") == "group":
+        # A new_group the user chose (collectives.engines.torch): DDP may run over that same
+        # group (DDP(process_group=...)), which the hook cannot see; WORLD, an MPI world
+        # and ringtune's own sub-groups are checked.
+        return
     world = dist.get_world_size()
     if world != comm.size:
         raise WorldMismatchError(
@@ -184,8 +189,11 @@ class HookState:
 
     def _check(self, sig: tuple[Any, ...], buf: Any, comm: Any = None) -> None:
         """On the communication thread of ``comm`` (default: the state's): every rank has
-        the same bucket and can serve it."""
+        the same bucket and can serve it, and DDP's group is the communicator's world (a
+        HookState made before ``init_process_group`` was not checked at construction):
+        ``WorldMismatchError`` in the first ``backward``, before any optimizer step."""
         comm = self.comm if comm is None else comm
+        _check_ddp_world(comm)
         problem = ""
         try:
             from .registry import backend_for

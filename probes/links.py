@@ -20,7 +20,9 @@ The result is the same on all ranks.
 
 from __future__ import annotations
 
+import socket
 import statistics
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -108,11 +110,9 @@ def _root(parent: list[int], x: int) -> int:
 
 def _pingpong(comm: Any, buf: Any, partner: int, lead: bool, reps: int) -> float:
     """Median round-trip time (s) of ``buf`` to ``partner`` and back."""
-    from mpi4py import MPI
-
     times = []
     for it in range(reps + 1):
-        t0 = MPI.Wtime()
+        t0 = time.perf_counter()
         if lead:
             comm.Send(buf, dest=partner, tag=77)
             comm.Recv(buf, source=partner, tag=77)
@@ -120,8 +120,18 @@ def _pingpong(comm: Any, buf: Any, partner: int, lead: bool, reps: int) -> float
             comm.Recv(buf, source=partner, tag=77)
             comm.Send(buf, dest=partner, tag=77)
         if it:  # the first exchange is a warm-up (connection set-up, page faults)
-            times.append(MPI.Wtime() - t0)
+            times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _host_name(comm: Any) -> str:
+    """This rank's host name: MPI's processor name on an mpi4py communicator, the system's
+    host name on any other (a torch.distributed group: the same name on Linux)."""
+    if type(comm).__module__.startswith("mpi4py"):
+        from mpi4py import MPI
+
+        return str(MPI.Get_processor_name())
+    return socket.gethostname()
 
 
 def measure(comm: Any, message_bytes: int = 1 << 22, small_bytes: int = 8,
@@ -129,11 +139,10 @@ def measure(comm: Any, message_bytes: int = 1 << 22, small_bytes: int = 8,
     """Collective: the bandwidth (GB/s) and latency (µs) matrix between all ranks, one flow
     per link, and the per-flow bandwidth of concurrent flows between groups of each tier."""
     import numpy as np
-    from mpi4py import MPI
 
     n = comm.Get_size()
     rank = comm.Get_rank()
-    names = comm.allgather(MPI.Get_processor_name())
+    names = comm.allgather(_host_name(comm))
     hosts = [sorted(set(names)).index(h) for h in names]
     big = np.zeros(max(1, int(message_bytes)), dtype=np.uint8)
     small = np.zeros(max(1, int(small_bytes)), dtype=np.uint8)
@@ -187,18 +196,17 @@ def _exchange(comm: Any, buf: Any, partner: int | None, reps: int) -> float:
     back, every pair at once after a barrier (so that the flows really overlap: unsynchronised
     ping-pongs of two pairs would take turns on a link and hide its sharing)."""
     import numpy as np
-    from mpi4py import MPI
 
     back = np.empty_like(buf)
     times = []
     for it in range(reps + 1):
         comm.Barrier()
-        t0 = MPI.Wtime()
+        t0 = time.perf_counter()
         if partner is not None:
             comm.Sendrecv(buf, dest=partner, sendtag=78, recvbuf=back, source=partner,
                           recvtag=78)
         if it:
-            times.append(MPI.Wtime() - t0)
+            times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 

@@ -40,7 +40,8 @@ class MpiEngine(Engine):
         if _is_mpi4py(comm):
             from mpi4py import MPI
 
-            check_mpi_world(MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank())
+            # The launcher's rank, not MPI's: in a singleton every process is MPI rank 0.
+            check_mpi_world(MPI.COMM_WORLD.Get_size())
 
     def host_name(self, comm: Any) -> str:
         from mpi4py import MPI

@@ -62,6 +62,12 @@ def _dist() -> Any:
     return dist
 
 
+def _world_size() -> int:
+    """The default group's size (0 before ``init_process_group``)."""
+    dist = _dist()
+    return int(dist.get_world_size()) if dist.is_initialized() else 0
+
+
 def _rank_hint() -> str:
     """This process's rank for a message written before a group is known."""
     from ..launcher import launcher_rank
@@ -100,6 +106,43 @@ def describe_backends(backends: dict[str, str]) -> str:
     return ",".join(f"{d}:{b}" for d, b in sorted(backends.items()))
 
 
+def _timeout_of(group: Any) -> datetime.timedelta | float:
+    """The group's own operation timeout (what ``init_process_group(timeout=...)`` set),
+    so ringtune's sub-groups give up when the user's group would; else the default."""
+    import torch
+
+    backend = group
+    if hasattr(group, "_get_backend"):
+        for dev in ("cpu", "cuda"):
+            try:
+                backend = group._get_backend(torch.device(dev))
+                break
+            except (RuntimeError, ValueError):
+                continue
+    try:
+        found = backend.options._timeout
+    except (AttributeError, RuntimeError):
+        return DEFAULT_TIMEOUT_S
+    return found if isinstance(found, datetime.timedelta) else DEFAULT_TIMEOUT_S
+
+
+def _op_name(op: Any) -> str:
+    """A reduction's name from a name or an mpi4py op (mpi4py is imported only when the
+    caller already passed one of its ops)."""
+    if isinstance(op, str):
+        if op not in REDUCE_OPS:
+            raise ValueError(f"reduction {op!r}: use one of {', '.join(REDUCE_OPS)}")
+        return op
+    if type(op).__module__.startswith("mpi4py"):
+        from mpi4py import MPI
+
+        for name, mop in (("sum", MPI.SUM), ("prod", MPI.PROD), ("min", MPI.MIN),
+                          ("max", MPI.MAX)):
+            if op == mop:
+                return name
+    raise ValueError(f"reduction {op!r}: use one of sum, prod, min, max")
+
+
 class TorchComm:
     """mpi4py's communicator surface over a ``torch.distributed`` process group (see the
     module docstring). ``group``: a ``ProcessGroup`` (``group.WORLD``, ``new_group``) or a
@@ -127,25 +170,29 @@ class TorchComm:
         self.groups: dict[str, Any] = dict.fromkeys(self.backends, group)
         self._store = store
         if timeout is None:
-            timeout = DEFAULT_TIMEOUT_S
+            timeout = _timeout_of(group)
         self.timeout = (timeout if isinstance(timeout, datetime.timedelta)
                         else datetime.timedelta(seconds=float(timeout)))
+        ranks = self._world_ranks(group)
         #: World rank of each rank of this communicator, where known (error lines).
-        self.world_ranks: tuple[int, ...] = self._world_ranks(group)
-        self.label = "WORLD" if self.world_ranks == tuple(range(self.size)) else "group"
+        self.world_ranks: tuple[int, ...] = ranks or tuple(range(self.size))
+        #: ``WORLD`` for the default group (or a group that spans its ranks, or a bare
+        #: backend, which is its own world), ``group`` for a sub-group from ``new_group``.
+        self.label = "group" if ranks is not None and self.size < _world_size() else "WORLD"
         self.freed = False
         self._owned = False  # its groups are ringtune's own (a Split/Dup): Free drops them
 
     @staticmethod
-    def _world_ranks(group: Any) -> tuple[int, ...]:
-        size = int(group.size())
+    def _world_ranks(group: Any) -> tuple[int, ...] | None:
+        """The default group's rank of each rank of ``group``; ``None`` where ``group`` is
+        not registered with a default group (a creator's private group)."""
         try:
             dist = _dist()
             if dist.is_initialized() and hasattr(group, "_get_backend"):
                 return tuple(int(r) for r in dist.get_process_group_ranks(group))
         except (RuntimeError, ValueError, KeyError):
-            pass  # not registered with the default group (a creator's private group)
-        return tuple(range(size))
+            pass
+        return None
 
     # -- what the runtime asks ------------------------------------------------------
 
@@ -214,12 +261,79 @@ class TorchComm:
 
     barrier = Barrier
 
-    def Split(self, color: int = 0, key: int = 0) -> TorchComm:  # noqa: N802
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = "sum") -> None:  # noqa: N802
+        """mpi4py's ``Allreduce`` of host arrays (timings, counts): ``sendbuf`` an array or
+        ``MPI.IN_PLACE``; ``op`` a name (sum/prod/min/max) or an mpi4py op."""
+        arr = recvbuf[0] if isinstance(recvbuf, (list, tuple)) else recvbuf
+        if isinstance(sendbuf, np.ndarray) and sendbuf is not arr:
+            arr[...] = sendbuf
+        self._reduce_host(arr, _op_name(op))
+
+    def allreduce(self, value: Any, op: Any = "sum") -> Any:
+        """mpi4py's lower-case ``allreduce`` of a number or a host array (a new result)."""
+        arr = np.array(value, copy=True)
+        self._reduce_host(arr.reshape(-1) if arr.ndim else arr.reshape(1), _op_name(op))
+        return arr.item() if np.ndim(value) == 0 else arr
+
+    def _reduce_host(self, arr: np.ndarray, op: str) -> None:
+        if self.size == 1:
+            self._check_live()
+            return
+        import torch
+        import torch.distributed as dist
+
+        group, dev = self.object_device()
+        t = torch.from_numpy(np.ascontiguousarray(arr)).to(dev)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = getattr(dist.ReduceOp, REDUCE_OPS[op])
+        group.allreduce([t], opts).wait()
+        arr[...] = t.cpu().numpy().reshape(arr.shape)
+
+    # -- blocking point-to-point of host arrays (the link probes: probes.links) ----------
+
+    def _host_group(self) -> Any:
+        self._check_live()
+        group = self.groups.get("cpu")
+        if group is None or self.backends.get("cpu") != "gloo":
+            raise ValueError(
+                f"rank {self.rank}: point-to-point of host arrays needs a gloo backend, and "
+                f"this group's is {self.backend_label}: use init_process_group("
+                "'cpu:gloo,cuda:nccl') or a gloo group")
+        return group
+
+    @staticmethod
+    def _tensor(buf: Any) -> Any:
+        import torch
+
+        arr = np.ascontiguousarray(buf[0] if isinstance(buf, (list, tuple)) else buf)
+        return torch.from_numpy(arr.reshape(-1).view(np.uint8))
+
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
+        """Blocking send of a host array to rank ``dest`` of this group."""
+        self._host_group().send([self._tensor(buf)], dest, tag).wait()
+
+    def Recv(self, buf: Any, source: int, tag: int = 0) -> None:  # noqa: N802
+        """Blocking receive into a contiguous host array from rank ``source``."""
+        self._host_group().recv([self._tensor(buf)], source, tag).wait()
+
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0,  # noqa: N802
+                 recvbuf: Any = None, source: int = 0, recvtag: int = 0) -> None:
+        """Send ``sendbuf`` to ``dest`` while receiving ``recvbuf`` from ``source``."""
+        group = self._host_group()
+        recv = group.recv([self._tensor(recvbuf)], source, recvtag)
+        send = group.send([self._tensor(sendbuf)], dest, sendtag)
+        recv.wait()
+        send.wait()
+
+    def Split(self, color: int = 0, key: int = 0) -> TorchComm | None:  # noqa: N802
         """The ranks that pass the same ``color``, ranked by ``key`` (then rank), as a new
-        communicator with its own groups. Collective over this communicator."""
+        communicator with its own groups; ``None`` for a negative color (MPI.UNDEFINED).
+        Collective over this communicator."""
         token = uuid.uuid4().hex[:16] if self.rank == 0 else None
         everyone = self.allgather((int(color), int(key), token))
         name = everyone[0][2]
+        if color < 0:
+            return None  # MPI.UNDEFINED (negative): in no group, as MPI's COMM_NULL
         mine = sorted((k, r) for r, (c, k, _) in enumerate(everyone) if c == color)
         members = [r for _, r in mine]
         return self._child(f"ringtune/{name}/{color}", members)
@@ -335,17 +449,7 @@ class TorchEngine(Engine):
         return "torch"
 
     def allreduce_array(self, comm: Any, arr: np.ndarray, op: str) -> None:
-        if comm.Get_size() == 1:
-            return
-        import torch
-
-        dist = _dist()
-        group, dev = comm.object_device()
-        t = torch.from_numpy(np.ascontiguousarray(arr)).to(dev)
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = getattr(dist.ReduceOp, REDUCE_OPS[op])
-        group.allreduce([t], opts).wait()
-        arr[...] = t.cpu().numpy()
+        comm._reduce_host(arr, op)
 
     def describe(self, comm: Any) -> dict[str, str]:
         return {"engine": self.name, "backend": describe_backends(comm.backends)}

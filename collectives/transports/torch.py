@@ -31,9 +31,15 @@ from typing import Any
 
 from ..backend import Backend
 from ..engines.torch import MOVERS, REDUCE_OPS, TorchComm
+from ..errors import RingtuneError
 from ..stall import ENV as STALL_ENV
 from ..stall import StallError, stall_timeout
 from ..transport import Pending, Transport
+
+
+class PeerError(RingtuneError):
+    """A send, receive or the group's allreduce failed: a peer died or its link broke."""
+
 
 #: NumPy/CuPy dtype names to torch dtype attribute names (the group's allreduce reduces
 #: the buffer's own type; point-to-point moves bytes).
@@ -172,27 +178,36 @@ class TorchTransport(Transport):
         """Wait for ``works`` (bounded by ``RINGTUNE_STALL_TIMEOUT`` when set); on a GPU,
         block until NCCL's stream has run them, so the backend's own stream may use the
         data (``Work.wait`` only orders torch's current stream after NCCL's)."""
-        if self._stall is None:
-            for w in works:
-                w.wait()
-        else:
-            for w, peer in zip(works, peers + [-1] * (len(works) - len(peers))):
-                try:
+        # One peer per work (a coalesced NCCL batch: every peer of the batch).
+        each = [[p] for p in peers] if len(peers) == len(works) else [peers] * len(works)
+        for w, who in zip(works, each):
+            try:
+                if self._stall is None:
+                    w.wait()
+                else:
                     w.wait(self._stall)
-                except RuntimeError as exc:
-                    if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
-                        raise
-                    self._stalled(peers if self.gpu else [peer])
+            except RuntimeError as exc:
+                text = str(exc).lower()
+                if self._stall is not None and ("timed out" in text or "timeout" in text):
+                    self._stalled(who)
+                # A peer that died closes its connections: name it (gloo names only an
+                # address), so the line that ends the job says which rank went away.
+                first = (str(exc).strip().splitlines() or [""])[0][:200]
+                raise PeerError(f"waiting on {self._names(who)}: {first}") from exc
         if self.gpu:
             self._torch.cuda.current_stream().synchronize()
 
+    def _names(self, peers: list[int]) -> str:
+        if not peers or -1 in peers:
+            return "every other rank (the group's allreduce)"
+        return "rank(s) " + ", ".join(str(self.world_ranks[p]) if 0 <= p < len(
+            self.world_ranks) else str(p) for p in sorted(set(peers)))
+
     def _stalled(self, peers: list[int]) -> None:
-        names = ", ".join(str(self.world_ranks[p]) if 0 <= p < len(self.world_ranks)
-                          else "every other rank" for p in peers)
         me = self.world_ranks[self.rank] if self.rank < len(self.world_ranks) else self.rank
         msg = (f"rank {me} ({socket.gethostname()}): no progress for {self._stall_s:g} s "
-               f"waiting on rank(s) {names}: the peer's process or host died, or the link to "
-               f"it is down ({STALL_ENV}={self._stall_s:g})")
+               f"waiting on {self._names(peers)}: the peer's process or host died, or the "
+               f"link to it is down ({STALL_ENV}={self._stall_s:g})")
         import sys
 
         print(f"ringtune: stall: {msg}", file=sys.stderr, flush=True)

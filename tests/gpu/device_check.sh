@@ -7,6 +7,9 @@
 #   2. the GPU tests under mpiexec at 1 and 2 ranks (tests/gpu),
 #   3. the reduction-kernel benchmark (256 MiB float32 sum vs device-to-device copy),
 #   4. `ringtune bench -G` at 2 ranks: native and multiring over the staged transport.
+# and, between the GPU tests and the benchmarks, the torch engine's NCCL side
+# (tests/gpu/test_torch_engine.py: torchrun workers over nccl, cpu:gloo,cuda:nccl and gloo
+# worlds; skipped, with the reason, where torch is not installed).
 # Every step writes LOG_DIR/<step>.log; LOG_DIR/summary.txt has the verdicts and timings,
 # LOG_DIR/env.txt the machine (GPU, CUDA, NCCL, CUDA-aware MPI, binding).
 # RINGTUNE_CHECK_KERNEL_MIB sets the kernel benchmark's buffer size (default 256, issue 5's).
@@ -82,6 +85,7 @@ need "from cupy.cuda import nccl; assert nccl.available" nvidia-nccl-cu12 ||
   log "NCCL unavailable: the nccl transport is skipped (its tests say why)"
 need "import pynvml" nvidia-ml-py || log "NVML unavailable: bindings carry no NVML index"
 need "import ml_dtypes" ml_dtypes || log "ml_dtypes unavailable: bfloat16 tests skip"
+need "import torch" torch || log "torch unavailable: the torch engine's GPU tests skip"
 
 MPIEXEC="$(dirname "$PY")/mpiexec"
 [ -x "$MPIEXEC" ] || MPIEXEC="$(command -v mpiexec || command -v mpirun || true)"
@@ -157,10 +161,13 @@ step unit_cuda 40 test "${PYTEST[@]}" tests/unit/test_cuda_detect.py tests/unit/
   tests/unit/test_cuda_kernels.py tests/unit/test_cuda_transports.py
 # n1 compiles every reduction kernel (NVRTC, ~1 s per ElementwiseKernel) into CuPy's
 # on-disk cache; n2 and the benchmarks then reuse it.
+# The torch engine's test starts its own torchrun workers: its own step, after these.
+TORCH_GPU_TEST=tests/gpu/test_torch_engine.py
 step gpu_tests_n1 90 test "$MPIEXEC" -n 1 "$PY" -m mpi4py -m pytest -q -p no:cacheprovider -rs \
-  "${COLLECT[@]}" tests/gpu
+  "${COLLECT[@]}" --ignore="$TORCH_GPU_TEST" tests/gpu
 step gpu_tests_n2 90 test "$MPIEXEC" -n 2 "$PY" -m mpi4py -m pytest -q -p no:cacheprovider -rs \
-  "${COLLECT[@]}" tests/gpu
+  "${COLLECT[@]}" --ignore="$TORCH_GPU_TEST" tests/gpu
+step torch_engine 75 test "${PYTEST[@]}" "$TORCH_GPU_TEST"
 step bench_kernel 30 bench "$PY" benchmarks/bench_gpu.py kernel --mib "${RINGTUNE_CHECK_KERNEL_MIB:-256}" \
   --json "$LOG_DIR/kernel.json"
 step bench_allreduce 40 bench "$PY" benchmarks/bench_gpu.py allreduce -np 2 -b 64K -e 64M \

@@ -1,0 +1,33 @@
+"""A rank killed in a torchrun job ends the job in bounded time, with a line from a
+surviving rank that names the dead one (gloo's own error names only an address). Started
+once, from the 1-rank run of ``make torchrun-test`` (it launches its own 3-rank job)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import SIZE
+
+WORKER = Path(__file__).with_name("killed_worker.py")
+
+
+@pytest.mark.skipif(SIZE != 1, reason="run once, from the 1-rank run (it starts its own job)")
+def test_a_killed_rank_ends_the_job_naming_it() -> None:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TORCHELASTIC_", "MASTER_", "GROUP_", "ROLE_"))
+           and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "3", str(WORKER), "multiring"], capture_output=True, text=True, timeout=240, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "went unnoticed" not in out, out[-3000:]
+    lines = [ln for ln in out.splitlines() if ln.startswith("ringtune: rank ")]
+    assert lines, out[-3000:]
+    assert any("waiting on rank(s) 1" in ln and "failed" in ln for ln in lines), \
+        "\n".join(lines)
