@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -88,6 +89,8 @@ DELEGATED: tuple[str, ...] = (
 )
 
 _C10D_BACKEND: Any = torch._C._distributed_c10d.Backend
+#: How many ringtune backends this process has made (``RingtuneBackendMixin._setup``).
+_CREATIONS = itertools.count()
 _registered = False
 _register_lock = threading.Lock()
 
@@ -234,6 +237,11 @@ class RingtuneBackendMixin:
     ``torch.distributed.Backend`` or ``ProcessGroup`` subclass below."""
 
     def _setup(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        # Keys of this backend's own groups: a name a group of an earlier backend of the same
+        # group name used (re-initialised after destroy_process_group) would meet that
+        # group's stale keys in the store. Every rank makes its backends in the same order,
+        # so the n-th creation has the same number everywhere.
+        self._keys = f"ringtune/{next(_CREATIONS)}"
         from .communicator import Communicator
         from .engines.torch import TorchComm
 
@@ -248,14 +256,14 @@ class RingtuneBackendMixin:
         # Made now, collectively, so a bad profile or world fails init_process_group on
         # every rank, before the first step.
         comm = Communicator(TorchComm(self._gloo("allreduce"),
-                                      store=dist.PrefixStore("ringtune/sub/cpu", store),
+                                      store=dist.PrefixStore(f"{self._keys}/sub/cpu", store),
                                       timeout=timeout))
         self._comms["cpu"] = _Lane(comm)
 
     # -- the groups ---------------------------------------------------------------------
 
     def _gloo(self, role: str) -> Any:
-        return dist.ProcessGroupGloo(dist.PrefixStore(f"ringtune/{role}/cpu", self._store),
+        return dist.ProcessGroupGloo(dist.PrefixStore(f"{self._keys}/{role}/cpu", self._store),
                                      self._rank, self._size, self._timeout)
 
     def _nccl(self, role: str) -> Any:
@@ -264,7 +272,7 @@ class RingtuneBackendMixin:
                              "but CUDA is not available in this process")
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = self._timeout
-        return dist.ProcessGroupNCCL(dist.PrefixStore(f"ringtune/{role}/cuda", self._store),
+        return dist.ProcessGroupNCCL(dist.PrefixStore(f"{self._keys}/{role}/cuda", self._store),
                                      self._rank, self._size, opts)
 
     def _delegate_for(self, kind: str) -> Any:
@@ -295,7 +303,7 @@ class RingtuneBackendMixin:
                 if got is None:
                     comm = Communicator(TorchComm(
                         self._nccl("allreduce"),
-                        store=dist.PrefixStore("ringtune/sub/cuda", self._store),
+                        store=dist.PrefixStore(f"{self._keys}/sub/cuda", self._store),
                         timeout=self._timeout))
                     got = _Lane(comm)
                     self._comms[kind] = got
@@ -447,24 +455,27 @@ def _backend_class() -> type:
     return RingtuneBackend
 
 
-#: The backends made per group id: one object serves every device torch asks it for.
-_MADE: dict[str, Any] = {}
+#: The last group being built and the backend made for it: torch >= 2.14 asks the creator
+#: once per device of one group, passing that group (``opts.process_group``) each time,
+#: and every ask must get the same object. Keyed by the group object itself, not its name:
+#: a name comes back after ``destroy_process_group`` (the next default group is "0" again)
+#: and must then get a new backend over the new store. Older torch asks once per group.
+_LAST: tuple[Any, Any] = (None, None)
 
 
 def _create(opts: Any, backend_options: Any = None) -> Any:
     """``register_backend``'s creator (extended API): the ``ringtune`` group or backend of
-    one process group. torch asks once per device of the group; every ask of one group
-    gets the same object."""
-    group_id = str(getattr(opts, "group_id", ""))
-    made = _MADE.get(group_id)
-    if made is not None and not made._closed:
-        return made
+    one process group (the same object for each device torch asks it for)."""
+    global _LAST
+    building = getattr(opts, "process_group", None)
+    if building is not None and _LAST[0] is building:
+        return _LAST[1]
     cls = _backend_class() if python_backends() else RingtuneProcessGroup
     timeout = opts.timeout
     if not isinstance(timeout, datetime.timedelta):
         timeout = datetime.timedelta(seconds=float(timeout))
     made = cls(opts.store, opts.group_rank, opts.group_size, timeout)
-    _MADE[group_id] = made
+    _LAST = (building, made) if building is not None else (None, None)
     return made
 
 

@@ -140,3 +140,23 @@ def test_example_ringtune_backend_tracks_gloo(tmp_path: Path) -> None:
     a, b = results["ringtune"]["losses"], results["gloo"]["losses"]
     assert len(a) == len(b) == 25
     assert all(abs(x - y) <= 1e-4 * max(1.0, abs(y)) for x, y in zip(a, b)), (a, b)
+
+
+def test_ringtune_group_again_after_destroy(tmp_path: Path) -> None:
+    """init_process_group('ringtune') twice in one job (destroy in between): the second
+    backend's groups must not meet the first one's keys in the store (a hang or a refused
+    connection before the fix)."""
+    script = tmp_path / "twice.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "import collectives.torch\n"
+        "for k in range(2):\n"
+        "    dist.init_process_group('ringtune')\n"
+        "    t = torch.ones(4) * (dist.get_rank() + 1)\n"
+        "    dist.all_reduce(t)\n"
+        "    assert t.tolist() == [3.0] * 4, t\n"
+        "    dist.destroy_process_group()\n"
+        "print('TWICE OK', flush=True)\n")
+    res = torchrun([sys.executable, str(script)])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.count("TWICE OK") == 2
