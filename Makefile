@@ -23,7 +23,7 @@ TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
 .PHONY: all install extra-venvs test lint unit cli unit-cli fuzz mpi gpu cuda-static gpu-sim \
-	torch-test torchrun-test emulated tune bench clean schema ompi-test
+	torch-test torchrun-test torchbackend-test emulated tune bench clean schema ompi-test
 
 all: test
 
@@ -169,6 +169,18 @@ torchrun-test: $(TORCH_VENV)/.installed
 	    --no-python $(TORCH_PY) -m pytest -q -p no:cacheprovider tests/torchrun; \
 	done
 
+# The registered `ringtune` torch.distributed backend under torchrun at 1..3 ranks (the
+# default group is init_process_group("ringtune")), then the CLI, the example and the
+# engine-mismatch warning started by torchrun from one plain pytest.
+TORCHBACKEND_NP ?= 1 2 3
+torchbackend-test: $(TORCH_VENV)/.installed
+	@set -e; for n in $(TORCHBACKEND_NP); do \
+	  echo "== tests/torchbackend under torchrun --nproc-per-node $$n"; \
+	  timeout $(MPI_TEST_TIMEOUT) $(TORCH_VENV)/bin/torchrun --standalone --nproc-per-node $$n \
+	    --no-python $(TORCH_PY) -m pytest -q -p no:cacheprovider tests/torchbackend; \
+	done
+	timeout 900 $(TORCH_PY) -m pytest -q -p no:cacheprovider tests/torchcli
+
 # Multi-host tests: `ringtune emulate` builds hosts from network namespaces with shaped links
 # (profiles/clusters/emulated-*.yaml); the contract suite on 2x2 and 3x1, probe, fingerprint,
 # ring placement, teardown and faults. Skips with the reason without root or namespaces.
@@ -186,7 +198,8 @@ emulated: install
 # ringtune.egg-info.
 test: install
 	$(MAKE) --no-print-directory -j3 --output-sync=target extra-venvs lint gpu unit-cli
-	$(MAKE) --no-print-directory cuda-static gpu-sim torch-test torchrun-test mpi ompi-test emulated
+	$(MAKE) --no-print-directory cuda-static gpu-sim torch-test torchrun-test torchbackend-test \
+	  mpi ompi-test emulated
 
 # One after the other: both editable installs write ringtune.egg-info in this directory.
 extra-venvs:

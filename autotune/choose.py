@@ -244,13 +244,19 @@ def rule_bounds(buckets: Sequence[int]) -> list[tuple[int, int | None]]:
 
 def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
                   summaries: Sequence[BucketSummary], choices: Sequence[Choice],
-                  seconds: float, algorithms: Sequence[str]) -> dict[str, Any]:
+                  seconds: float, algorithms: Sequence[str],
+                  engine: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The profile mapping: one rule per bucket, adjacent equal choices merged.
 
     Host buffers: ``backend: numpy``, ``transport: mpi``. GPU buffers (``opts.backend``
     ``cupy``): ``backend: cupy``, the top-level ``transport`` is the one most rules use, and
-    a rule whose transport differs names its own."""
+    a rule whose transport differs names its own. ``engine``: what the engine the run
+    went over says of itself (``Engine.describe``; default the ``mpi`` engine), recorded
+    as the profile's ``engine``; under MPI the library and its version are recorded too
+    (``library``), under torch.distributed torch's version is the engine's."""
     gpu = opts.backend == "cupy"
+    engine = dict(engine or {"engine": "mpi"})
+    over_mpi = engine.get("engine", "mpi") == "mpi"
     rules: list[dict[str, Any]] = []
     for (lo, hi), c in zip(rule_bounds([s.nbytes for s in summaries]), choices):
         params, transport = dict(c.params), c.transport
@@ -278,26 +284,37 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
         if native:
             rule["native"] = native
         rules.append(rule)
-    default_transport = "mpi"
+    default_transport = "mpi" if over_mpi else "torch"
     if gpu:
         default_transport = _most_common([r["transport"] for r in rules],
                                           list(opts.transports or []))
         for r in rules:
             if r["transport"] == default_transport:
                 del r["transport"]  # the profile's own transport applies
-    from collectives.mpit import library, nccl_version
+    record: dict[str, str] = {"name": engine.get("engine", "mpi")}
+    if engine.get("backend"):
+        record["backend"] = engine["backend"]
+    head: dict[str, Any] = {}
+    if over_mpi:
+        from collectives.mpit import library, nccl_version
 
-    lib_name, lib_version = library()
-    lib: dict[str, str] = {"name": lib_name, "version": lib_version}
-    nccl = nccl_version() if gpu else None
-    if nccl:
-        lib["nccl"] = nccl
+        lib_name, lib_version = library()
+        lib: dict[str, str] = {"name": lib_name, "version": lib_version}
+        nccl = nccl_version() if gpu else None
+        if nccl:
+            lib["nccl"] = nccl
+        head["library"] = lib
+    else:
+        import torch
+
+        record["version"] = str(torch.__version__)
     return {
         "format": FORMAT,
         "version": VERSION,
         "created": _created(choices),
         "tool": {"name": "ringtune", "version": __version__},
-        "library": lib,
+        **head,
+        "engine": record,
         "topology": dict(identity),
         "backend": "cupy" if gpu else "numpy",
         "transport": default_transport,

@@ -44,9 +44,9 @@ def world_identity(comm: Any) -> dict[str, Any]:
     """The ``topology`` record of the profile: fingerprint, world size, hosts, ranks per
     host and a summary. Uses ``probes`` when present; otherwise a fingerprint from the world
     size and the rank → host layout (collective)."""
-    from mpi4py import MPI
+    from collectives.engines import engine_for
 
-    names = comm.allgather(MPI.Get_processor_name())
+    names = comm.allgather(engine_for(comm).host_name(comm))
     n = len(names)
     hosts = len(set(names))
     per_host = max(names.count(h) for h in set(names))

@@ -109,7 +109,8 @@ def _tune(comm: Any, opts: TuneOptions, out: TextIO, write: bool) -> TuneResult:
     # Seconds spent measuring, from the storage: true across resumed runs, and the same
     # on a rerun with nothing left to do (so the profile is too).
     seconds = sum(s.trial_seconds for s in summaries) + sum(c.seconds for c in choices)
-    profile = build_profile(identity, opts, summaries, choices, seconds, algorithms)
+    profile = build_profile(identity, opts, summaries, choices, seconds, algorithms,
+                            engine=runtime.engine.describe(runtime.comm))
     if opts.tensor_bytes:
         from .fusion import tuned_fusion
 

@@ -268,7 +268,17 @@ class Communicator:
         hosts = prof.topology.get("hosts")
         there = _shape(prof.world_size, hosts)
         here = _shape(self.size, len(set(self.hosts)))
-        retune = f"re-tune here with `ringtune tune -np {self.size}`"
+        if self.engine.name == "torch":
+            retune = ("re-tune here with `torchrun --nproc-per-node N --no-python ringtune "
+                      f"tune` ({self.size} ranks in all)")
+        else:
+            retune = f"re-tune here with `ringtune tune -np {self.size}`"
+        tuned_on = str(prof.engine.get("name", "mpi"))
+        if tuned_on != self.engine.name:
+            # Another engine's choices were measured against another native allreduce
+            # (MPI_Allreduce vs gloo's or NCCL's) over other transports: not this job's.
+            return (f"tuned over the {tuned_on} engine, this job runs over "
+                    f"{self.engine.name}", retune)
         if prof.world_size is not None and prof.world_size != self.size:
             return (f"tuned for {there}, this job has {here}",
                     f"{retune} or run with {prof.world_size} ranks")

@@ -34,7 +34,7 @@ PROFILE_OPS = ("sum", "prod", "min", "max", "avg")
 #: need a version bump, or go under ``extra``).
 REQUIRED_KEYS = ("format", "version", "topology", "backend", "transport", "rules")
 OPTIONAL_KEYS = ("created", "tool", "dtype", "op", "tuning", "extra", "library", "shapes",
-                 "fusion")
+                 "fusion", "engine")
 TOPOLOGY_KEYS = ("fingerprint", "world_size", "hosts", "ranks_per_host", "summary")
 RULE_REQUIRED_KEYS = ("min_bytes", "max_bytes", "algorithm")
 RULE_OPTIONAL_KEYS = ("params", "transport", "measured", "native")
@@ -48,6 +48,12 @@ NATIVE_OPTIONAL_KEYS = ("composition",)
 #: for GPU profiles).
 LIBRARY_KEYS = ("name", "version")
 LIBRARY_OPTIONAL_KEYS = ("nccl",)
+#: ``engine``: the distributed engine the profile was tuned over (``collectives.engines``)
+#: and its backend (the MPI library, or the process group's: ``gloo``,
+#: ``cpu:gloo,cuda:nccl``) and version; a profile without it was tuned over MPI.
+ENGINE_NAMES = ("mpi", "torch")
+ENGINE_KEYS = ("name",)
+ENGINE_OPTIONAL_KEYS = ("backend", "version")
 MEASURED_KEYS = ("bytes", "busbw_gbps", "time_us", "native_busbw_gbps", "native_time_us",
                  "algbw_gbps", "speedup")
 FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -67,8 +73,8 @@ _PLAIN_SCALARS = (str, int, float, bool, type(None))
 _PLAIN_DEPTH = 32
 
 #: Key order of written files (people read them).
-_KEY_ORDER = ("format", "version", "created", "tool", "library", "topology", "backend",
-              "transport", "dtype", "op", "rules", "fusion", "tuning", "extra")
+_KEY_ORDER = ("format", "version", "created", "tool", "library", "engine", "topology",
+              "backend", "transport", "dtype", "op", "rules", "fusion", "tuning", "extra")
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,13 @@ class Profile:
         """The profile's ``topology`` record (empty for built-in defaults)."""
         topo = self.raw.get("topology") if self.raw else None
         return topo if isinstance(topo, Mapping) else {}
+
+    @property
+    def engine(self) -> Mapping[str, Any]:
+        """The ``engine`` record: ``{"name": "mpi"|"torch", "backend": …}`` (``{"name":
+        "mpi"}`` for a profile written before engines were recorded)."""
+        rec = self.raw.get("engine") if self.raw else None
+        return rec if isinstance(rec, Mapping) else {"name": "mpi"}
 
     @property
     def tuning(self) -> Mapping[str, Any]:
@@ -296,6 +309,8 @@ def profile_from_dict(data: Any, name: str = "<profile>",
         rules = _rules(v, data["rules"], ws, backend)
     if "library" in data:
         _library(v, data["library"])
+    if "engine" in data:
+        _engine(v, data["engine"])
     if "tuning" in data:
         v.mapping(data["tuning"], "tuning")
     if "fusion" in data:
@@ -426,6 +441,15 @@ def _library(v: _Validator, value: Any) -> None:
     v.string(lib["version"], "library.version")
     if "nccl" in lib:
         v.string(lib["nccl"], "library.nccl")
+
+
+def _engine(v: _Validator, value: Any) -> None:
+    rec = v.mapping(value, "engine")
+    v.keys(rec, "engine", ENGINE_KEYS, ENGINE_OPTIONAL_KEYS)
+    v.choice(rec["name"], "engine.name", ENGINE_NAMES)
+    for key in ENGINE_OPTIONAL_KEYS:
+        if key in rec:
+            v.string(rec[key], f"engine.{key}")
 
 
 def _native_entries(v: _Validator, value: Any, where: str) -> None:

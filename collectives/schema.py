@@ -25,6 +25,7 @@ from .algorithms import get_algorithm
 from .algorithms.native import COMPOSITIONS
 from .algorithms.registry import user_algorithm_names
 from .profile import (
+    ENGINE_NAMES,
     FORMAT,
     LIBRARY_KEYS,
     MAX_RULE_BYTES,
@@ -180,6 +181,12 @@ def profile_schema() -> dict[str, Any]:
                         "properties": {"name": {"type": "string"},
                                        "version": {"type": "string"},
                                        "nccl": {"type": "string"}}},
+            "engine": {"description": "the distributed engine the profile was tuned over "
+                                      "(absent: mpi) and its backend and version",
+                       "type": "object", "required": ["name"], "additionalProperties": False,
+                       "properties": {"name": {"enum": list(ENGINE_NAMES)},
+                                      "backend": {"type": "string"},
+                                      "version": {"type": "string"}}},
             "extra": {"type": ["object", "null"]},
         },
         # The transports each backend's buffers can use, wherever a transport is named.

@@ -397,3 +397,9 @@ def ddp_hook(state: HookState, bucket: Any) -> Any:
 # ``from __future__ import annotations`` leaves strings: give it the objects.
 ddp_hook.__annotations__ = {"state": HookState, "bucket": torch.distributed.GradBucket,
                             "return": torch.futures.Future[torch.Tensor]}
+
+# ``import collectives.torch`` registers the ``ringtune`` torch.distributed backend
+# (collectives/torch_backend.py): ``dist.init_process_group("ringtune")``.
+from .torch_backend import register_backend  # noqa: E402
+
+register_backend()

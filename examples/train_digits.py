@@ -1,6 +1,13 @@
-"""Data-parallel training of a small network on scikit-learn's digits, DDP + ringtune hook.
+"""Data-parallel training of a small network on scikit-learn's digits, DDP + ringtune.
 
-Run under any MPI launch (one process per rank, one or many hosts):
+Run under torchrun (one process per rank; ``--nnodes`` for several hosts), where the
+registered ``ringtune`` backend gives DDP ringtune's allreduce with no hook::
+
+    torchrun --nproc-per-node 4 examples/train_digits.py                # --backend ringtune
+    torchrun --nproc-per-node 2 examples/train_digits.py --backend gloo --steps 200
+    torchrun --nproc-per-node 2 examples/train_digits.py --backend gloo --hook ringtune
+
+or under any MPI launch, where ringtune's DDP hook averages the gradients over MPI::
 
     .venv-torch/bin/mpiexec -n 4 .venv-torch/bin/python examples/train_digits.py
     .venv-torch/bin/mpiexec -n 2 .venv-torch/bin/python examples/train_digits.py \\
@@ -8,12 +15,16 @@ Run under any MPI launch (one process per rank, one or many hosts):
     ... --staleness 1 | --average-every 4         # bounded staleness / local SGD
 
 The data (1797 8x8 images, 10 classes) ships with scikit-learn: no download. Every rank
-takes its slice of each global batch; DDP averages the gradients, through ringtune's hook
-(``--hook ringtune``, default) or its own gloo allreduce (``--hook gloo``). The gloo process
-group DDP needs is set up from MPI: rank 0's address and a free port are broadcast
-(``MASTER_ADDR`` overrides the address, e.g. on hosts with several interfaces).
-Rank 0 prints the loss, the test accuracy and the median step time; ``--json FILE`` writes
-them, with each step's loss.
+takes its slice of each global batch; DDP averages the gradients. ``--backend`` is the
+process group's (``ringtune``: its all_reduce runs the profile's choice, the rest is gloo's;
+``gloo``: gloo's own). ``--hook ringtune`` registers ringtune's comm hook instead, over
+``Communicator(MPI.COMM_WORLD.Dup())`` under mpiexec or ``Communicator(group.WORLD)`` under
+torchrun; ``--hook none`` (``gloo``) leaves DDP's own allreduce, the backend's. Defaults:
+``--backend ringtune --hook none`` under torchrun, ``--backend gloo --hook ringtune`` under
+mpiexec. Under mpiexec the process group is set up from MPI: rank 0's address and a free
+port are broadcast (``MASTER_ADDR`` overrides the address, e.g. on hosts with several
+interfaces). Rank 0 prints the loss, the test accuracy and the median step time;
+``--json FILE`` writes them, with each step's loss.
 """
 
 from __future__ import annotations
@@ -29,12 +40,14 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
 from torch import nn
 
+from collectives.launcher import under_torchrun
 
-def init_gloo(comm: Any) -> None:
-    """The gloo process group of this MPI world (collective over ``comm``)."""
+
+def init_gloo(comm: Any, backend: str = "gloo") -> None:
+    """The process group (``backend``: gloo, or ringtune after ``import collectives.torch``)
+    of this MPI world (collective over ``comm``)."""
     if dist.is_initialized():
         return
     addr = port = None
@@ -49,7 +62,7 @@ def init_gloo(comm: Any) -> None:
     # in the store's rendezvous, which waits for the ranks the message has not reached. The
     # barrier keeps every rank in MPI until all have the address.
     comm.Barrier()
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}",
                             rank=comm.Get_rank(), world_size=comm.Get_size())
 
 
@@ -97,21 +110,24 @@ def shard(step: int, n: int, batch: int, rank: int, world: int,
 
 def wrap(model: nn.Module, hook: str, comm: Any = None, bucket_cap_mb: float = 25.0,
          staleness: int = 0, average_every: int = 1,
-         bucket_view: bool = False) -> tuple[nn.Module, Any]:
-    """DDP around ``model``; with ``hook='ringtune'`` the ringtune hook averages buckets.
-    ``bucket_view``: DDP's ``gradient_as_bucket_view`` (gradients live in the buckets: no
-    copy into a bucket before its exchange nor back out after it)."""
+         bucket_view: bool = False, process_group: Any = None) -> tuple[nn.Module, Any]:
+    """DDP around ``model`` over ``process_group`` (default: the default group); with
+    ``hook='ringtune'`` the ringtune hook averages buckets, with ``gloo``/``none`` DDP's
+    own allreduce (the group's backend's) does. ``bucket_view``: DDP's
+    ``gradient_as_bucket_view`` (gradients live in the buckets: no copy into a bucket
+    before its exchange nor back out after it)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=bucket_view)
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=bucket_view,
+              process_group=process_group)
     state = None
     if hook == "ringtune":
         from collectives.torch import HookState, ddp_hook
 
         state = HookState(comm, staleness=staleness, average_every=average_every)
         ddp.register_comm_hook(state, ddp_hook)
-    elif hook != "gloo":
-        raise ValueError(f"--hook {hook!r}: use ringtune or gloo")
+    elif hook not in ("gloo", "none"):
+        raise ValueError(f"--hook {hook!r}: use ringtune, gloo or none")
     return ddp, state
 
 
@@ -125,14 +141,28 @@ def train(args: argparse.Namespace, comm: Any = None) -> dict[str, Any]:
     view; every rank returns its own)."""
     from collectives import Communicator
 
-    world = MPI.COMM_WORLD
-    init_gloo(world)
-    rank, size = world.Get_rank(), world.Get_size()
+    resolve_defaults(args)
+    if args.backend == "ringtune":
+        import collectives.torch  # noqa: F401 - registers the ringtune backend
+
+    world: Any = None
+    if under_torchrun():
+        if not dist.is_initialized():
+            dist.init_process_group(args.backend)
+    else:
+        from mpi4py import MPI
+
+        world = MPI.COMM_WORLD
+        init_gloo(world, args.backend)
+    rank, size = dist.get_rank(), dist.get_world_size()
     xtr, ytr, xte, yte = digits()
     model = make_model(args.hidden, args.layers)
     ring = comm
     if args.hook == "ringtune" and ring is None:
-        ring = Communicator(world.Dup(), profile=args.profile)
+        # Its own communicator: the hook's exchange thread must not share one with the
+        # job's other collectives.
+        ring = Communicator(world.Dup() if world is not None else dist.new_group(
+            backend="gloo"), profile=args.profile)
     ddp, state = wrap(model, args.hook, ring, args.bucket_cap_mb, args.staleness,
                       args.average_every, args.bucket_view)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
@@ -156,9 +186,17 @@ def train(args: argparse.Namespace, comm: Any = None) -> dict[str, Any]:
     # another host is still queued (libfabric tcp sends only while the sender is in MPI)
     # would block in gloo's allreduce while its peer waits for that message.
     total = np.array(losses, dtype=np.float64)
-    world.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+    if world is not None:
+        from mpi4py import MPI
+
+        world.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+    else:
+        summed = torch.from_numpy(total)
+        dist.all_reduce(summed)  # through the job's backend (ringtune's, or gloo's)
     losses = [float(v) / size for v in total]
-    out = {"hook": args.hook, "ranks": size, "steps": args.steps, "staleness": args.staleness,
+    out = {"hook": args.hook, "backend": args.backend,
+           "launcher": "mpiexec" if world is not None else "torchrun", "ranks": size,
+           "steps": args.steps, "staleness": args.staleness,
            "average_every": args.average_every,
            "parameters": sum(p.numel() for p in model.parameters()),
            "final_loss": float(np.mean(losses[-10:])), "test_accuracy": accuracy(model, xte, yte),
@@ -206,7 +244,13 @@ def write_workload(args: argparse.Namespace, path: str) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--hook", default="ringtune", choices=("ringtune", "gloo"))
+    p.add_argument("--backend", default=None, choices=("ringtune", "gloo"),
+                   help="the process group's backend (default: ringtune under torchrun, "
+                   "gloo under mpiexec)")
+    p.add_argument("--hook", default=None, choices=("ringtune", "gloo", "none"),
+                   help="ringtune: ringtune's DDP comm hook; gloo or none: DDP's own "
+                   "allreduce through the backend (default: none under torchrun, ringtune "
+                   "under mpiexec)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--hidden", type=int, default=64)
@@ -228,15 +272,26 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def resolve_defaults(args: argparse.Namespace) -> None:
+    """``--backend``/``--hook`` defaults by launcher (see the module docstring)."""
+    torchrun = under_torchrun()
+    if args.backend is None:
+        args.backend = "ringtune" if torchrun else "gloo"
+    if args.hook is None:
+        args.hook = "none" if torchrun else "ringtune"
+
+
 def main() -> None:
     args = parser().parse_args()
+    resolve_defaults(args)
     torch.set_num_threads(args.threads)
     if args.write_workload:
         write_workload(args, args.write_workload)
         return
     result = train(args)
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        print(f"{result['hook']} hook, {result['ranks']} ranks, {result['parameters']} "
+    if dist.get_rank() == 0:
+        print(f"{result['launcher']}, {result['backend']} backend, {result['hook']} hook, "
+              f"{result['ranks']} ranks, {result['parameters']} "
               f"parameters, staleness {args.staleness}, average every {args.average_every}: "
               f"loss {result['final_loss']:.4f}, test accuracy {result['test_accuracy']:.3f}, "
               f"median step {result['median_step_ms']:.2f} ms")

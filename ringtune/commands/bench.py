@@ -15,6 +15,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..engine import add_engine_argument, close_world, engine_world, resolve_engine
 from ..errors import UsageError
 from ..launch import check_ranks, default_ranks, relaunch, under_mpiexec
 
@@ -53,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "than 4 per CPU core needs --oversubscribe)")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow -np above 4 ranks per CPU core")
+    add_engine_argument(p)
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
@@ -114,7 +116,8 @@ def _check_algorithm(name: str | None, params: dict[str, Any], world_size: int) 
 def run(args: argparse.Namespace) -> int:
     # Validate before launching or communicating: bad flags fail fast, once, with exit 2.
     sizes, params = _validate(args)
-    if not under_mpiexec() and (args.np is None or args.np > 1):
+    engine = resolve_engine(args)
+    if engine == "mpi" and not under_mpiexec() and (args.np is None or args.np > 1):
         ranks = args.np or default_ranks()
         _check_algorithm(args.algo, params, ranks)  # fail once, here, before launching
         return relaunch(args._argv, ranks, args.oversubscribe)
@@ -128,9 +131,7 @@ def run(args: argparse.Namespace) -> int:
         run_bench,
     )
 
-    from ..launch import mpi_world
-
-    world = mpi_world()  # no MPI, or another library's launcher: one line
+    world = engine_world(engine, gpu=args.gpu)
     comm = Communicator(world, profile=args.profile)
     rank0 = comm.rank == 0
     to_stdout_json = args.json == "-"
@@ -145,13 +146,15 @@ def run(args: argparse.Namespace) -> int:
     if args.transport:
         moved_by = args.transport
     elif args.algo or backend == "numpy":
-        from collectives.registry import default_transport, get_backend
+        from collectives.registry import get_backend
 
-        moved_by = default_transport(get_backend(backend))
+        moved_by = comm._default_transport(get_backend(backend))
     else:
         moved_by = "per profile rule"
     if rank0 and not to_stdout_json:
+        on = comm.engine.describe(comm.comm)
         print(f"# ringtune bench: {comm.size} ranks on {len(set(comm.hosts))} host(s), "
+              f"engine {on['engine']} ({on['backend']}), "
               f"{what}, {args.datatype} {args.op}, backend {backend}, transport {moved_by}, "
               f"warmup {args.warmup_iters}, iters {args.iters}, check {args.check}")
         print(f"# time: {args.timing}, {TIMINGS[args.timing]}")
@@ -170,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
     if rank0:
         if args.json:
             meta = {"ranks": comm.size, "hosts": len(set(comm.hosts)), "what": what,
+                    "engine": comm.engine.describe(comm.comm)["engine"],
                     "dtype": args.datatype, "op": args.op, "backend": backend,
                     "timing": args.timing}
             text = rows_to_json(rows, meta)
@@ -183,4 +187,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
             print(f"# Avg bus bandwidth    : {avg_busbw(rows):.4f}")
     comm.close()
+    close_world(engine)
     return 1 if wrong else 0

@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="message size of the bandwidth measurement (default 4M)")
     parser.add_argument("--repetitions", metavar="N", type=int, default=5,
                         help="timed ping-pongs per pair; the median is kept (default 5)")
+    from ringtune.engine import add_engine_argument
+
+    add_engine_argument(parser)
 
 
 def _size(text: str) -> int:
@@ -49,18 +52,34 @@ def _size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    import probes
-    from collectives.atomic import write_text_atomic
     from ringtune.errors import UsageError
     from ringtune.launch import under_mpiexec
 
     if args.repetitions < 1:
         raise UsageError(f"--repetitions: expected at least 1, got {args.repetitions}")
+    from ringtune.engine import close_world, engine_world, resolve_engine
+
+    engine = resolve_engine(args)
+    if engine == "torch" and args.measure:
+        raise UsageError("--measure is not supported with --engine torch yet (its "
+                         "ping-pongs are MPI's): measure under mpiexec, or drop --measure")
     comm = None
-    if under_mpiexec():
+    if engine == "torch":
+        comm = engine_world(engine)
+    elif under_mpiexec():
         from ringtune.launch import mpi_world
 
-        comm = mpi_world()
+        comm = mpi_world()  # no MPI, or another library's launcher: one line
+    try:
+        return _probe(args, comm)
+    finally:
+        close_world(engine)
+
+
+def _probe(args: argparse.Namespace, comm: Any) -> int:
+    import probes
+    from collectives.atomic import write_text_atomic
+
     topo = probes.detect(comm, measure=args.measure, topology_file=args.topology,
                          message_bytes=args.measure_bytes, repetitions=args.repetitions)
     if comm is not None and comm.Get_rank() != 0:

@@ -18,6 +18,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from ..engine import add_engine_argument, close_world, engine_world, resolve_engine
 from ..errors import CommandFailed, UsageError
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "than 4 per CPU core needs --oversubscribe)")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow -np above 4 ranks per CPU core")
+    add_engine_argument(p)
 
 
 def _options(args: argparse.Namespace) -> TuneOptions:
@@ -169,18 +171,22 @@ def run(args: argparse.Namespace) -> int:
     from ..launch import relaunch, under_mpiexec
 
     opts = _options(args)
-    if not under_mpiexec() and not os.environ.get("RINGTUNE_LAUNCHED"):
+    engine = resolve_engine(args)
+    if engine == "torch" and (getattr(args, "shapes", None) or opts.backend == "cupy"):
+        raise UsageError(f"{'--shapes' if getattr(args, 'shapes', None) else '--backend cupy'}"
+                         " is not supported with --engine torch yet: tune under mpiexec "
+                         "for it, or drop the flag")
+    if engine == "mpi" and not under_mpiexec() and not os.environ.get("RINGTUNE_LAUNCHED"):
         return relaunch(getattr(args, "_argv", sys.argv[1:]), args.np, args.oversubscribe)
 
     from autotune.report import profile_heading, rule_table, write_report
     from autotune.tuning import TuneError, tune
 
-    from ..launch import mpi_world
-
-    comm = mpi_world()  # no MPI, or another library's launcher: one line
+    comm = engine_world(engine)
     rank = comm.Get_rank()
     if rank == 0:
-        print(f"ringtune tune: {comm.Get_size()} ranks, {len(opts.buckets)} bucket(s) "
+        print(f"ringtune tune: {comm.Get_size()} ranks over {engine}, "
+              f"{len(opts.buckets)} bucket(s) "
               f"({opts.buckets[0]}..{opts.buckets[-1]} B), up to {opts.trials} trials "
               f"each, budget {opts.budget_s:g} s, sampler {opts.sampler}",
               flush=True)
@@ -206,4 +212,5 @@ def run(args: argparse.Namespace) -> int:
             paths = write_report(opts.report, result)
             print("report: " + ", ".join(paths))
     comm.Barrier()
+    close_world(engine)
     return 0
