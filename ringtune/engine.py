@@ -65,9 +65,10 @@ def resolve_engine(args: argparse.Namespace) -> str:
 
 
 def engine_world(engine: str, gpu: bool = False) -> Any:
-    """The world communicator object of ``engine``: ``MPI.COMM_WORLD`` (``mpi_world``), or a ``TorchComm``
-    over the default process group, initialised here from the launcher's environment
-    when the process has none yet (``gloo``; ``cpu:gloo,cuda:nccl`` for GPU buffers)."""
+    """The world communicator object of ``engine``: ``MPI.COMM_WORLD`` (``mpi_world``), or
+    a ``TorchComm`` over the default process group, initialised here from the launcher's
+    environment when the process has none yet (``gloo``; ``cpu:gloo,cuda:nccl`` for GPU
+    buffers)."""
     if engine == "mpi":
         from .launch import mpi_world
 
