@@ -785,6 +785,11 @@ class OnlineTuner:
         previous = data.get("tuning")
         data["created"] = _utc_now()
         data["tool"] = {"name": "ringtune", "version": _version()}
+        # The engine this job ran over, as an offline tune records it: a profile written
+        # under torchrun that said nothing would read as MPI's and be set aside there.
+        data["engine"] = _engine_record(comm)
+        if data["engine"]["name"] != "mpi":
+            data.pop("library", None)  # the MPI library's algorithms were not what ran
         data["tuning"] = {
             "mode": "online",
             "job": self.job,
@@ -1031,12 +1036,27 @@ def _base_document(comm: Any) -> dict[str, Any]:
                 "mpi", "staged", "nccl") else "mpi",
             "dtype": prof.dtype, "op": prof.op,
             "rules": [r.to_dict() for r in prof.rules]}
-    with contextlib.suppress(Exception):
-        from .mpit import library
+    if comm.engine.name == "mpi":
+        with contextlib.suppress(Exception):
+            from .mpit import library
 
-        name, version = library()
-        data["library"] = {"name": name, "version": version}
+            name, version = library()
+            data["library"] = {"name": name, "version": version}
     return data
+
+
+def _engine_record(comm: Any) -> dict[str, str]:
+    """The profile's ``engine`` record for the engine behind ``comm`` (what
+    ``autotune.choose.build_profile`` writes after an offline tune)."""
+    desc = comm.engine.describe(comm.comm)
+    record = {"name": desc["engine"]}
+    if desc.get("backend"):
+        record["backend"] = desc["backend"]
+    if desc["engine"] == "torch":
+        import torch
+
+        record["version"] = str(torch.__version__)
+    return record
 
 
 def refuse_set_aside(comm: Any) -> None:
