@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from . import __version__
@@ -80,10 +81,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         _abort_world(130)
         return 130
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line + code
-        code = report_error(exc, rank=launch_rank(), before_abort=_in_mpi_world())
+        rank = launch_rank()
+        code = report_error(exc, rank=rank, before_abort=_in_mpi_world())
         if code != 2:
             _abort_world(code, exc)
+        elif rank != 0:
+            _let_rank_0_speak()
         return code
+
+
+#: Seconds a rank other than 0 waits before leaving with bad input that only rank 0 prints:
+#: a launcher (torchrun's agent, Hydra) ends every rank when the first one exits, and the
+#: first to exit must be rank 0, after its line (seen: rank 1 out first, rank 0 killed
+#: before it printed, an error with no line). Bounded: the launcher ends this rank as soon
+#: as rank 0 has exited.
+USAGE_EXIT_GRACE_S = 5.0
+
+
+def _let_rank_0_speak() -> None:
+    from collectives.launcher import job_world_size
+
+    found = job_world_size()
+    if found is not None and found[0] > 1:
+        time.sleep(USAGE_EXIT_GRACE_S)
 
 
 def _in_mpi_world() -> bool:
