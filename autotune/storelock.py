@@ -17,11 +17,8 @@ lock here, and an in-memory one belongs to one process.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import socket
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,63 +59,37 @@ class StorageLock:
     def acquire(cls, path: str, url: str, wait: bool = False) -> StorageLock:
         """Lock ``path`` (the lock file of storage ``url``); ``TuneError`` when another run
         holds it and ``wait`` is false, else block until it is released."""
-        announced = False
-        while True:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                raise TuneError(f"--storage {url}: cannot create the lock file {path} "
-                                f"({exc.strerror or exc})", usage=True) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _holder(fd)
-                if not wait:
-                    os.close(fd)
-                    raise TuneError(
-                        f"--storage {url} is in use by another ringtune tune ({holder}; "
-                        f"lock {path}): wait for it to finish or stop it, use another "
-                        "--storage/--out, or pass --wait to start when it ends",
-                        usage=True) from None
-                if not announced:
-                    print(f"ringtune tune: waiting for the run holding {url} ({holder})",
-                          file=sys.stderr, flush=True)
-                    announced = True
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            # The holder removes the file when it releases: a lock taken on a file that is
-            # no longer the one at ``path`` locks nothing; take the current one instead.
-            try:
-                same = os.stat(path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
+        from collectives.lockfile import LockBusy, take
+
         launcher = os.environ.get("RINGTUNE_LAUNCHED", "")
         who = (f"pid {launcher} (its rank 0: pid {os.getpid()})" if launcher.isdigit()
                and launcher != "1" else f"pid {os.getpid()}")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{who} on {socket.gethostname()} since "
-                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+
+        def announce(holder: str) -> None:
+            print(f"ringtune tune: waiting for the run holding {url} ({holder})",
+                  file=sys.stderr, flush=True)
+
+        try:
+            fd = take(path, who, announce if wait else None)
+        except OSError as exc:
+            raise TuneError(f"--storage {url}: cannot create the lock file {path} "
+                            f"({exc.strerror or exc})", usage=True) from None
+        except LockBusy as busy:
+            raise TuneError(
+                f"--storage {url} is in use by another ringtune tune ({busy.holder}; "
+                f"lock {path}): wait for it to finish or stop it, use another "
+                "--storage/--out, or pass --wait to start when it ends",
+                usage=True) from None
         return cls(path, fd)
 
     def release(self) -> None:
-        """Remove the lock file and unlock (in that order: see ``acquire``)."""
+        """Remove the lock file and unlock (``collectives.lockfile.release``)."""
         if self._fd is None:
             return
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
-        os.close(self._fd)
+        from collectives.lockfile import release
+
+        release(self.path, self._fd)
         self._fd = None
-
-
-def _holder(fd: int) -> str:
-    """What the holder wrote into the lock file (it may still be writing it)."""
-    try:
-        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
-    except OSError:
-        text = ""
-    return text or "pid unknown"
 
 
 @contextlib.contextmanager

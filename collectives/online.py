@@ -55,7 +55,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
-import fcntl
 import logging
 import math
 import os
@@ -362,42 +361,25 @@ class TuneOutLock:
 
     def acquire(self) -> None:
         """``ValueError`` naming the file and the holder when another job holds it."""
-        while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                raise ValueError(f"{OUT_ENV}: cannot create the lock file {self.path} "
-                                 f"({exc.strerror or exc}); choose a writable file") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                try:
-                    holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-                except OSError:
-                    holder = ""
-                os.close(fd)
-                raise ValueError(
-                    f"{OUT_ENV}: {self.path[:-5]} is being written by another job "
-                    f"({holder or 'pid unknown'}; lock {self.path}): give each job its own "
-                    "file") from None
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)  # the holder removed it as we opened it: take the new one
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
-                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        from .lockfile import LockBusy, take
+
+        try:
+            fd = take(self.path, f"pid {os.getpid()}")
+        except OSError as exc:
+            raise ValueError(f"{OUT_ENV}: cannot create the lock file {self.path} "
+                             f"({exc.strerror or exc}); choose a writable file") from None
+        except LockBusy as busy:
+            raise ValueError(
+                f"{OUT_ENV}: {self.path[:-5]} is being written by another job "
+                f"({busy.holder}; lock {self.path}): give each job its own file") from None
         self._fd = fd
 
     def release(self) -> None:
         if self._fd is None:
             return
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
-        os.close(self._fd)
+        from .lockfile import release
+
+        release(self.path, self._fd)
         self._fd = None
 
 
