@@ -79,9 +79,10 @@ class OpenMpi(NativeLibrary):
 
 @functools.lru_cache(maxsize=1)
 def _table() -> dict[str, int]:
-    from ..mpit import MpitError, bound
+    from ..mpit import MpitError
+    from .base import binding
 
-    mpit, why = bound()
+    mpit, why = binding()
     if mpit is None:
         raise MpitError(why)
     _, scope, writable, _, items = mpit.info_enum(ALGORITHM_CVAR)
@@ -99,9 +100,9 @@ def _dup_with(ctx: Any, value: int) -> Any:
     forced (collective: every rank writes, duplicates, restores)."""
     import dataclasses
 
-    from ..mpit import bound
+    from .base import binding
 
-    mpit, _ = bound()
+    mpit, _ = binding()
     assert mpit is not None  # _table() succeeded
     old_dyn = mpit.read_int(DYNAMIC_CVAR)
     old_alg = mpit.read_int(ALGORITHM_CVAR)
