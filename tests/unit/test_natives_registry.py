@@ -208,3 +208,23 @@ def test_han_is_searched_only_across_hosts(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(openmpi, "han_available", lambda: False)
     with pytest.raises(ValueError, match=r"impl: 'han' needs Open MPI's coll/han component"):
         lib.check_impl("han")
+
+
+def test_export_asks_the_recorded_library_for_its_format(tmp_path: Any) -> None:
+    from collectives.profile import load_profile
+    from ringtune.errors import UsageError
+    from ringtune.export import format_of
+
+    golden = "tests/golden/export/profile.yaml"  # tuned with MPICH
+    assert format_of(load_profile(golden)) == "mpich"
+    text = open(golden, encoding="utf-8").read()
+    ompi = tmp_path / "ompi.yaml"
+    ompi.write_text(text.replace("library: {name: MPICH, version: 5.0.2}",
+                                 "library: {name: Open MPI, version: 5.0.10}"))
+    assert format_of(load_profile(str(ompi))) == "ompi"
+    other = tmp_path / "other.yaml"
+    other.write_text(text.replace("library: {name: MPICH, version: 5.0.2}",
+                                  "library: {name: Zeta MPI, version: '9.9'}"))
+    with pytest.raises(UsageError, match=r"give --format \(mpich, nccl, ompi\): it was tuned "
+                                         r"with Zeta MPI, which has no tuning file"):
+        format_of(load_profile(str(other)))
