@@ -158,7 +158,8 @@ ompi-test: $(OMPI_VENV)/.installed
 	    $(OMPI_PY) -m mpi4py -m pytest -q -p no:cacheprovider $(OMPI_MPI_TESTS); \
 	done
 	timeout $(MPI_TEST_TIMEOUT) $(OMPI_PY) -m pytest -q -p no:cacheprovider -rs \
-	  tests/cli/test_export_openmpi.py tests/cli/test_openmpi_roundtrip.py tests/cli/test_launch_mpi.py
+	  tests/cli/test_export_openmpi.py tests/cli/test_openmpi_roundtrip.py tests/cli/test_launch_mpi.py \
+	  tests/cli/test_openmpi_han.py
 
 # torch.distributed as ringtune's engine, under torchrun at 1..4 ranks (one pytest per rank):
 # the contract over gloo, DDP over the hook with Communicator(group.WORLD), the loud failures.

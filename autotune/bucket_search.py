@@ -231,7 +231,7 @@ class Driver:
             if best_transport is not None:
                 first[space.TRANSPORT_PARAM] = best_transport
             try:
-                # native's own parameters (MPICH's ``impl``) at the library's default.
+                # native's own parameters (the library's ``impl``) at its default.
                 exact = space.trial_params_for(Config("native", {}, best_transport),
                                                self.space(), self.world_size)
             except ValueError:
@@ -252,11 +252,14 @@ class Driver:
         guesses.append(Config("multiring", {"rings": 2, "chunk_bytes": 0, "order": "topology"}))
         guesses.append(Config("rhd"))
         if self.hosts > 1:
-            # MPICH's flat composition (beta) beat its own default across hosts by 1.3-1.5x
-            # at >= 4 MiB on the emulated 2x2 (BENCHMARKS.md), yet is one of ~44 native
-            # configurations there; first among the guesses. Outside MPICH it is not in
-            # the space, and a guess outside the space is dropped below.
-            guesses.insert(0, Config("native", {"composition": "beta"}))
+            # The library's flat composition (``NativeLibrary.flat_composition``: one of
+            # many native configurations there, often better than its own choice across
+            # hosts) first among the guesses; a guess outside the space is dropped below.
+            from collectives.natives import current
+
+            flat = current().flat_composition
+            if flat:
+                guesses.insert(0, Config("native", {"composition": flat}))
         try:
             grid = self.space()
         except ValueError:

@@ -64,8 +64,9 @@ def calibrate(source: Any, hosts: Sequence[int] | None = None, memory_gbs: float
     ``hosts``, a ``Topology``'s layout is used when it has one. A ``concurrent_gbps``
     matrix next to the bandwidth (``probes.links.measure``) sets each outer level's
     ``links_per_rank``; without one, every rank is taken to have a link of its own.
-    ``native_model`` (``Cluster.native_model``): ``"mpich"`` when ``native`` is MPICH's
-    MPI_Allreduce on host buffers (the model then follows MPICH's selection, its node-aware
+    ``native_model`` (``Cluster.native_model``): the cost model of the MPI library whose
+    MPI_Allreduce ``native`` is on host buffers (``collectives.natives``: a library's
+    ``cost_model``; the model then follows that library's selection, its node-aware
     composition across hosts included), ``"best"`` for an ideal library.
     """
     if isinstance(source, Cluster):
@@ -103,10 +104,10 @@ def calibrate(source: Any, hosts: Sequence[int] | None = None, memory_gbs: float
         # where the wire adds least (``primitives.measure`` takes the same: half its smallest
         # tiny step). The median over every pair was mostly pairs across hosts on a few
         # hosts (8 of 12 at 2 x 2), so it charged the network's wire latency to software —
-        # and to each of the thousands of shared-memory hand-offs of MPICH's node-aware
-        # allreduce (``Model.shm_cells_phase``). The fastest tier is the innermost one with
-        # a pair of ranks in it: ranks sharing a host, else (one rank per host) sharing a
-        # rack, and so on out.
+        # and to each of the thousands of shared-memory hand-offs of a library's node-aware
+        # allreduce (a library module's model, ``collectives.natives``). The fastest tier is
+        # the innermost one with a pair of ranks in it: ranks sharing a host, else (one rank
+        # per host) sharing a rack, and so on out.
         over = 0.5 * _median(lat[_innermost_pairs([hosts, *groups], off)], 10.0)
     levels = []
     outer = len(groups) - 1

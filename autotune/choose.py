@@ -296,7 +296,8 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
         record["backend"] = engine["backend"]
     head: dict[str, Any] = {}
     if over_mpi:
-        from collectives.mpit import library, nccl_version
+        from collectives.mpit import nccl_version
+        from collectives.natives import library
 
         lib_name, lib_version = library()
         lib: dict[str, str] = {"name": lib_name, "version": lib_version}
@@ -372,7 +373,7 @@ def best_native(c: Choice) -> list[dict[str, Any]]:
     entry: dict[str, Any] = {"bytes": c.nbytes, "impl": str(best.params.get("impl", "auto"))}
     composition = str(best.params.get("composition", "auto"))
     if composition != "auto":
-        # Part of what was measured: `ringtune export` writes it to MPICH's ch4 file.
+        # Part of what was measured: `ringtune export` writes it to the library's file.
         entry["composition"] = composition
     entry.update(busbw_gbps=round(n / t, 4) if n else 0.0, time_us=round(t, 2))
     return [entry]

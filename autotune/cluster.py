@@ -98,8 +98,9 @@ class Cluster:
     memory_curve: tuple[tuple[int, float], ...] = ()
     #: How the model treats ``native``: ``"best"`` (the better of recursive doubling and
     #: halving/doubling at each size, what a tuned library such as NCCL approaches; every
-    #: cluster file) or ``"mpich"`` (MPICH's fixed choice by size, with MPICH's own reduction
-    #: rate, per-message cost and per-call temporary buffer; a calibration on this machine).
+    #: cluster file) or an MPI library's ``cost_model`` (``collectives.natives``: that
+    #: library's own selection, with its reduction rate, per-message cost and temporary
+    #: buffers; a calibration on this machine).
     native_model: str = "best"
     #: Software cost per message of the library's own collective (C, no Python); ``None``:
     #: ``overhead_us``.
@@ -107,8 +108,8 @@ class Cluster:
     #: Measured (array bytes, GB/s) points of the library's own reduction (``memory_gbs``
     #: convention: 3 × bytes per second); empty: ``memory_curve``.
     native_memory_curve: tuple[tuple[int, float], ...] = ()
-    #: First touch of freshly mapped memory, GB/s of pages (0: not modelled). MPICH
-    #: allocates a temporary buffer per call; at or above ``mmap_threshold`` bytes the C
+    #: First touch of freshly mapped memory, GB/s of pages (0: not modelled). A library
+    #: may allocate a temporary buffer per call; at or above ``mmap_threshold`` bytes the C
     #: library maps fresh pages for it every time, and every page faults on first touch.
     page_fault_gbs: float = 0.0
     #: glibc's largest dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit).

@@ -24,7 +24,8 @@ algorithm's formula and the configurations the model ranks for it live with the 
 built on the phase primitives here, and the model asks the registry for them. It also
 re-exports, so that ``autotune.model.<name>`` keeps working, the names of the modules split
 from it: ``measure`` and ``combine`` (``autotune.primitives``: calibration from this
-machine's measured primitives, where ``native`` is modelled as MPICH runs it),
+machine's measured primitives, where ``native`` is modelled as the running library's module
+in ``collectives.natives`` says),
 and ``calibrate`` and ``measure_memory_gbs`` (``autotune.calibrate``: a cluster from
 measured link matrices). The tuner's warm start built on the model (``best_guesses``,
 ``default_cluster``) is ``autotune.guesses``, which imports this module.
@@ -48,6 +49,7 @@ from collectives.algorithms import get_algorithm
 from collectives.algorithms.multiring import MAX_BLOCK_CHUNKS
 from collectives.algorithms.registry import user_algorithm_names
 from collectives.bench import busbw
+from collectives.natives import for_cost_model
 from collectives.orders import derived_cycles
 
 from .calibrate import calibrate as calibrate
@@ -56,14 +58,6 @@ from .cluster import Cluster, Level
 from .primitives import CURVE_SIZES as CURVE_SIZES
 from .primitives import combine as combine
 from .primitives import measure as measure
-
-#: MPICH's default MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE: recursive doubling up to this size.
-MPICH_SHORT_BYTES = 2048
-#: One hand-off of MPICH's intra-node reduce and bcast (POSIX ``release_gather``): a shared
-#: buffer of MPIR_CVAR_{REDUCE,BCAST}_INTRANODE_BUFFER_TOTAL_SIZE (32768) bytes in
-#: MPIR_CVAR_*_INTRANODE_NUM_CELLS (4) cells; a message crosses the host cell by cell.
-MPICH_SHM_CELLS = 4
-MPICH_SHM_CELL_BYTES = 32768 // MPICH_SHM_CELLS
 
 
 def model_algorithms() -> tuple[str, ...]:
@@ -118,6 +112,9 @@ class Model:
         self.native_over = (c.overhead_us if c.native_overhead_us is None
                             else c.native_overhead_us) * 1e-6
         self.hosts = c.host_of()
+        #: The library whose allreduce ``native`` is (``Cluster.native_model``): its module
+        #: in ``collectives.natives`` holds the cost of its default and of each algorithm.
+        self.native = for_cost_model(c.native_model)
 
     # -- flows -----------------------------------------------------------------------
 
@@ -205,6 +202,21 @@ class Model:
                                                np.concatenate(dsts, axis=None))
         return self._terms[key]
 
+    def pair_terms(self, stride: int, d: int, kind: str, arg: int) -> np.ndarray:
+        """The step terms of one recursive halving/doubling step (``_pair_terms``)."""
+        return self._pair_terms(stride, d, kind, arg)
+
+    def host_gather_terms(self) -> np.ndarray:
+        """The step terms of every rank of each host sending to the host's first rank at
+        once (an intra-host reduce's or bcast's flows)."""
+        k = self.cluster.ranks_per_host
+        key = ("host_gather",)
+        if key not in self._terms:
+            hosts = np.arange(0, self.n, k, dtype=np.int64)
+            others = (hosts[:, None] + np.arange(1, k)[None, :]).ravel()
+            self._terms[key] = self.flow_terms(others, np.repeat(hosts, k - 1))
+        return self._terms[key]
+
     def _pair_terms(self, stride: int, d: int, kind: str, arg: int) -> np.ndarray:
         """Flows of one recursive halving/doubling step (``kind`` "mask": partners differ
         in bit ``arg`` of the folded rank; "fold": the 2r extra ranks into their pairs)."""
@@ -230,8 +242,9 @@ class Model:
     # -- phases (seconds, over an array of region sizes in bytes) --------------------
 
     def ring_phase(self, stride: int, d: int, region: np.ndarray, rings: int,
-                   chunk_bytes: int, reduce: bool) -> np.ndarray:
-        """One reduce-scatter (``reduce``) or all-gather of multiring along a dimension."""
+                   chunk_bytes: int, reduce: bool, native: bool = False) -> np.ndarray:
+        """One reduce-scatter (``reduce``) or all-gather of multiring along a dimension;
+        ``native``: with the library's per-message cost and reduction rate."""
         if d <= 1:
             return np.zeros_like(region)
         seg = region / (d * rings)
@@ -240,17 +253,17 @@ class Model:
                             max(1, MAX_BLOCK_CHUNKS // rings)) if chunk_bytes else 1.0
         t = self.step(self._ring_terms(stride, d, rings), seg)
         # Each ring posts one send and one receive per chunk and step.
-        msgs = 2 * self.over * rings * chunks
+        msgs = 2 * (self.native_over if native else self.over) * rings * chunks
         if reduce:
-            red = self.reduce_time(region / d)
+            red = self.reduce_time(region / d, native)
             t = np.maximum(t, red) + np.minimum(t, red) / chunks
         return (d - 1) * (t + msgs)
 
     def rhd_phase(self, stride: int, d: int, region: np.ndarray, reduce: bool,
                   native: bool = False) -> np.ndarray:
         """Recursive halving (``reduce``) or doubling along a dimension; ``native``: with the
-        library's per-message cost, reduction rate and partner order (MPICH's own
-        halving/doubling)."""
+        library's per-message cost, reduction rate and partner order (the libraries'
+        Rabenseifner: nearest partner first)."""
         if d <= 1:
             return np.zeros_like(region)
         over = self.native_over if native else self.over
@@ -260,9 +273,9 @@ class Model:
             t = self.step(self._pair_terms(stride, d, "fold", 0), region) + over
             total += t + (self.reduce_time(region, native) if reduce else 0.0)
         # Which partner gets the large pieces: ringtune's ``rhd`` halves with the farthest
-        # partner first (mask p/2: half the region crosses the outermost level), MPICH's
-        # Rabenseifner with the nearest (MPIR_Allreduce_intra_reduce_scatter_allgather: mask
-        # 1, 2, … in the reduce-scatter, the mirror in the all-gather), so on a tiered
+        # partner first (mask p/2: half the region crosses the outermost level), the MPI
+        # libraries' Rabenseifner with the nearest (mask 1, 2, … in the reduce-scatter, the
+        # mirror in the all-gather), so on a tiered
         # network its large pieces stay inside a host and only 1/p of the region crosses out.
         masks = [1 << k for k in range(p.bit_length() - 1)]
         if not native:
@@ -275,51 +288,15 @@ class Model:
         return total
 
     def native_allreduce(self, stride: int, d: int, region: np.ndarray) -> np.ndarray:
-        """The library's allreduce, modelled as the better of recursive doubling (whole
-        buffer each step, for short messages) and Rabenseifner's halving/doubling — what
-        MPICH chooses between by size."""
-        if d <= 1:
-            return np.zeros_like(region)
-        mpich = self.cluster.native_model == "mpich"
-        halving = (self.rhd_phase(stride, d, region, True, mpich)
-                   + self.rhd_phase(stride, d, region, False, mpich))
-        over = self.native_over if mpich else self.over
-        p = 1 << (d.bit_length() - 1)
-        doubling = np.zeros_like(region)
-        if d > p:
-            fold = self.step(self._pair_terms(stride, d, "fold", 0), region) + over
-            doubling += 2 * fold + self.reduce_time(region, mpich)
-        mask = p >> 1
-        while mask:
-            doubling += (self.step(self._pair_terms(stride, d, "mask", mask), region)
-                         + 2 * over + self.reduce_time(region, mpich))
-            mask >>= 1
-        if not mpich:
-            return np.minimum(halving, doubling)
-        # MPICH (MPIR_Allreduce_intra_recursive_doubling / _reduce_scatter_allgather): recursive
-        # doubling up to MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE (2048 bytes), Rabenseifner above.
-        # Both malloc a temporary buffer of the whole message per call and receive into it.
-        # A slowest rank touches all of it (doubling, or a folded world) or 1 - 1/p of it.
-        touched = np.where(region <= MPICH_SHORT_BYTES, region,
-                           region if d > p else region * (1.0 - 1.0 / p))
-        return (np.where(region <= MPICH_SHORT_BYTES, doubling, halving)
-                + self.fresh_pages_time(region, touched))
+        """The library's own allreduce along a dimension, as its module models it
+        (``collectives.natives``: ``default_cost``; the ``"best"`` model: the better of
+        recursive doubling and halving/doubling at each size)."""
+        return np.asarray(self.native.default_cost(self, stride, d, region), dtype=float)
 
     def node_aware_native(self) -> bool:
-        """Whether the library's allreduce runs MPICH's node-aware composition here: MPICH
-        (``native_model`` "mpich"), more than one host and more than one rank per host.
-
-        MPICH 5.0.2's ch4 selection (the JSON compiled into libmpi; older sources'
-        ``maint/tuning/coll/ch4/generic.json`` took it only up to 32 KiB) takes, for a
-        commutative op on a communicator that spans nodes,
-        ``MPIDI_Allreduce_intra_composition_alpha`` at every size:
-        intra-node reduce to the node's first rank, allreduce among those node leaders,
-        intra-node bcast. Measured on 2 emulated hosts x 2 ranks, the default ran within
-        0.95-1.08x of ``MPIR_CVAR_ALLREDUCE_COMPOSITION=1`` (alpha) at 1-64 MiB and
-        1.37-1.68x slower than ``=2`` (the flat halving/doubling), BENCHMARKS.md."""
-        c = self.cluster
-        return (c.native_model == "mpich" and c.host_levels == 1 and c.hosts > 1
-                and c.ranks_per_host > 1)
+        """Whether the library's allreduce composes intra-host parts with a host leaders'
+        allreduce on this world (its module's ``node_aware``)."""
+        return self.native.node_aware(self)
 
     def node_leaders(self) -> Model:
         """The model of the node leaders' world: one rank per host, the host's links all
@@ -327,34 +304,6 @@ class Model:
         if self._leaders is None:
             self._leaders = Model(self.cluster.flat_hosts())
         return self._leaders
-
-    def shm_cells_phase(self, region: np.ndarray, reduce: bool) -> np.ndarray:
-        """MPICH's intra-node reduce to the host's first rank (``reduce``) or bcast from it
-        (POSIX ``release_gather``): the message crosses the host level in
-        ``MPICH_SHM_CELL_BYTES`` cells. Each cell costs its bytes from every other rank of
-        the host at the level's bandwidth, for the reduce the leader's reduction of what it
-        received, and one hand-off between two processes through shared flags: the
-        library's per-message software cost (``native_over``; a calibration from the probe
-        takes half the small-message round trip on the fastest tier, ``autotune.calibrate``),
-        not the level's wire latency, which the cells in flight (``MPICH_SHM_CELLS``)
-        overlap. Thousands of hand-offs are what
-        make this slower than one large message (a 64 MiB bcast: 8192 cells)."""
-        k = self.cluster.ranks_per_host
-        if k <= 1 or self.cluster.host_levels != 1:  # no host level of its own to cross
-            return np.zeros_like(region)
-        key = ("shm_cells",)
-        if key not in self._terms:
-            hosts = np.arange(0, self.n, k, dtype=np.int64)
-            others = (hosts[:, None] + np.arange(1, k)[None, :]).ravel()
-            self._terms[key] = self.flow_terms(others, np.repeat(hosts, k - 1))
-        terms = self._terms[key]
-        cells = np.maximum(1.0, np.ceil(region / MPICH_SHM_CELL_BYTES))
-        cell = region / cells
-        latency = float(np.max(terms[:, 0]))
-        t = self.step(terms, cell) - latency + self.native_over
-        if reduce:
-            t = t + self.reduce_time(cell * (k - 1), True)
-        return cells * t
 
     def fresh_pages_time(self, allocated: np.ndarray, touched: np.ndarray) -> np.ndarray:
         """Page faults of a temporary buffer of ``allocated`` bytes, ``touched`` of them

@@ -4,8 +4,8 @@ the median of several such calibrations (``combine``).
 Use it to predict this machine rather than a cluster file: ``measure(comm)`` times the
 model's primitives — per-message cost, point-to-point time of freshly reduced buffers by
 size, reduction rates, fresh pages — never an allreduce's time, and returns a ``Cluster``
-in which ``native`` is modelled as the running library's module says (MPICH: as MPICH runs
-it, ``Cluster.native_model == "mpich"``; others: the best of the model's algorithms). A
+in which ``native`` is modelled as the running library's module says (``native_model``: its
+own selection where the module models it; others: the best of the model's algorithms). A
 measured level's bandwidth is a curve over message size, which absorbs protocol switches
 and caches. On a shared machine, ``combine`` several calibrations. ``autotune.model``
 re-exports both names.
@@ -146,7 +146,7 @@ def measure(comm: Any, sizes: Sequence[int] = CURVE_SIZES, reps: int = 7,
     return Cluster(
         name="measured", levels=tuple(levels), memory_gbs=mem_curve[-1][1],
         overhead_us=over * 1e6, memory_curve=tuple(mem_curve),
-        native_model=native_cost_model(),
+        **_library_calibration(),
         native_overhead_us=0.5 * float(np.max(c_tiny)) * 1e6 if c_tiny else over * 1e6,
         native_memory_curve=tuple(native_curve), page_fault_gbs=fault_gbs,
         description=f"measured: {n} ranks, {ranks_here} per host on {cores} cores "
@@ -155,10 +155,16 @@ def measure(comm: Any, sizes: Sequence[int] = CURVE_SIZES, reps: int = 7,
 
 def native_cost_model() -> str:
     """How the model times the running library's default allreduce: the library's module
-    says (``collectives.natives``: MPICH's own selection; elsewhere the best algorithm)."""
+    says (``collectives.natives``: its own selection where it has a model of it; elsewhere
+    the best algorithm)."""
+    return str(_library_calibration()["native_model"])
+
+
+def _library_calibration() -> dict[str, Any]:
+    """The cluster fields the running library's module sets (``NativeLibrary.calibration``)."""
     from collectives.natives import current
 
-    return current().cost_model
+    return current().calibration()
 
 
 def _pattern_times(comm: Any, tr: Any, timer: _Timer, dst: int | None, src: int | None,

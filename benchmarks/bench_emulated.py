@@ -125,7 +125,7 @@ def main() -> int:
                              f"({b.min():.3f}-{b.max():.3f}) | {float(np.median(la)):.0f} |")
         result["links"] = {"bandwidth_gbps": bw.tolist(), "latency_us": lat.tolist(),
                            "concurrent_gbps": [list(r) for r in links.concurrent_gbps]}
-        from collectives.mpit import library
+        from collectives.natives import library
 
         # The native column is MPI_Allreduce on host buffers: with MPICH, the model describes
         # what MPICH runs (its composition across hosts), else an ideal library.
@@ -147,7 +147,7 @@ def main() -> int:
     while s <= args.max_bytes:
         sizes.append(s)
         s *= args.factor
-    from collectives.mpit import library as mpi_library
+    from collectives.natives import library as mpi_library
 
     comps = tuple(c for c in args.compositions.split(",") if c)
     if mpi_library()[0] != "MPICH" or spec.hosts_per_rack * spec.racks < 2:

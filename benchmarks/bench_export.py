@@ -2,7 +2,7 @@
 
 Run a plain ``MPI_Allreduce`` under the exported selection file, and, in the same run and
 interleaved round by round, the same call with the profile's chosen MPICH algorithm forced
-through MPI_T (``collectives.mpit``: what ringtune's ``native impl=X`` candidate ran)::
+through MPI_T (``collectives.natives.mpich``: what ringtune's ``native impl=X`` candidate ran)::
 
     .venv/bin/ringtune export PROFILE --format mpich --out build/tuning.json
     MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE=build/tuning.json \\
@@ -25,7 +25,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from collectives import mpit
+from collectives.natives import library, mpich
 from collectives.profile import load_profile
 
 comm = MPI.COMM_WORLD
@@ -46,7 +46,7 @@ def digest(nbytes: int, impl: str | None) -> str:
     if impl is None:
         comm.Allreduce(MPI.IN_PLACE, buf)
     else:
-        with mpit.selected(impl):
+        with mpich.selected(impl):
             comm.Allreduce(MPI.IN_PLACE, buf)
     return hashlib.sha256(buf.tobytes()).hexdigest()
 
@@ -61,7 +61,7 @@ def main() -> None:
     factor = 2 * (n - 1) / n
     buckets = list(prof.tuning.get("buckets") or [])
     if comm.rank == 0:
-        print(f"# {n} ranks, {' '.join(mpit.library())}, file "
+        print(f"# {n} ranks, {' '.join(library())}, file "
               f"{os.environ.get('MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE') or '(none)'}")
         print("size  impl  file_busbw  forced_busbw  ratio  same_result")
     for nbytes in buckets:
@@ -71,7 +71,7 @@ def main() -> None:
             continue
         buf = np.ones(nbytes // 4, np.float32)
         iters = max(1, min(50, int(2e7 // max(nbytes, 1))))
-        sel = mpit.Selector(impl) if impl != "auto" else None
+        sel = mpich.Selector(impl) if impl != "auto" else None
         once(buf, 1)
         t_file, t_forced = [], []
         for _ in range(args.rounds):

@@ -48,7 +48,7 @@ def main() -> int:
     import numpy as np
     from mpi4py import MPI
 
-    from collectives import mpit
+    from collectives.natives import mpich
 
     world = MPI.COMM_WORLD
     variants = [v for v in args.variants.split(",") if v]
@@ -64,8 +64,8 @@ def main() -> int:
         kind, _, value = variant.partition("=")
         old = None
         if kind == "composition":
-            old = mpit.write_int_cvar(COMPOSITION_CVAR, int(value))
-        sel = mpit.Selector(value) if kind == "algorithm" else None
+            old = mpich.write_int_cvar(COMPOSITION_CVAR, int(value))
+        sel = mpich.Selector(value) if kind == "algorithm" else None
         if sel is not None:
             sel.enter()
         out = []
@@ -81,7 +81,7 @@ def main() -> int:
             if sel is not None:
                 sel.exit()
             if old is not None:
-                mpit.write_int_cvar(COMPOSITION_CVAR, old)
+                mpich.write_int_cvar(COMPOSITION_CVAR, old)
         return out
 
     for _ in range(args.repeats):

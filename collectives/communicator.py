@@ -118,7 +118,7 @@ class Communicator:
         self.online: Any = None
         loaded = self._resolve_profile(profile)
         if isinstance(loaded, Profile) and "library" in loaded.raw:
-            from .mpit import warn_other_library
+            from .natives.base import warn_other_library
 
             warn_other_library(loaded)
         from .online import prepare_settings

@@ -11,7 +11,7 @@ Per size class the job calls (a message size with its dtype, op and buffer kind:
 bucket), the first calls each run one candidate of the offline tuner's own search space
 (``collectives.candidates``): the loaded profile's choice first (the incumbent), then the
 built-in defaults' choice and cheap guesses (the library's own allreduce, two rings, halving
-and doubling, and across hosts the tier-aware grid and MPICH's flat composition) where
+and doubling, and across hosts the tier-aware grid and the library's flat composition) where
 they are in the space, then random configurations of the space. Every call still returns
 the right result, bitwise equal on every rank: each candidate is a correct algorithm.
 
@@ -335,7 +335,11 @@ def candidate_list(incumbent: Config, world_size: int, nbytes: int, hosts: int,
             guesses.append(Config("hierarchical", {
                 "dims": [ranks_per_host, hosts], "rings": 1, "chunk_bytes": 0,
                 "inner": ["multiring", "multiring"]}))
-        guesses.append(Config("native", {"composition": "beta"}))
+        from .natives import current
+
+        flat = current().flat_composition
+        if flat:
+            guesses.append(Config("native", {"composition": flat}))
     guesses += [Config("native"), Config("multiring", {"rings": 2, "chunk_bytes": 0}),
                 Config("rhd"), Config("multiring", {"rings": 1, "chunk_bytes": 0})]
     for g in guesses:
@@ -1020,7 +1024,7 @@ def _base_document(comm: Any) -> dict[str, Any]:
             "rules": [r.to_dict() for r in prof.rules]}
     if comm.engine.name == "mpi":
         with contextlib.suppress(Exception):
-            from .mpit import library
+            from .natives import library
 
             name, version = library()
             data["library"] = {"name": name, "version": version}

@@ -41,7 +41,7 @@ RULE_OPTIONAL_KEYS = ("params", "transport", "measured", "native")
 #: Keys of one entry of a rule's ``native`` list: the best of the library's own algorithms
 #: measured in one bucket of the rule (what ``ringtune export`` writes for the rule).
 NATIVE_KEYS = ("bytes", "impl", "busbw_gbps", "time_us")
-#: ``composition``: MPICH's allreduce composition of that measurement (``native
+#: ``composition``: the library's allreduce composition of that measurement (``native
 #: composition=``), where it was not the library's own choice.
 NATIVE_OPTIONAL_KEYS = ("composition",)
 #: ``library``: the communication library the profile was tuned with (and NCCL's version,
@@ -463,11 +463,13 @@ def _native_entries(v: _Validator, value: Any, where: str) -> None:
         if not isinstance(entry["impl"], str) or not entry["impl"]:
             v.fail(f"{key}.impl", f"expected an algorithm name, got {_show(entry['impl'])}")
         if "composition" in entry:
-            from .algorithms.native import COMPOSITIONS
+            from .natives import all_compositions
 
-            if entry["composition"] not in COMPOSITIONS:
-                v.fail(f"{key}.composition", f"expected one of {', '.join(COMPOSITIONS)} "
-                       f"(MPICH's allreduce composition), got {_show(entry['composition'])}")
+            known = all_compositions()
+            if entry["composition"] not in known:
+                v.fail(f"{key}.composition", f"expected one of {', '.join(known)} "
+                       f"(the library's allreduce composition), got "
+                       f"{_show(entry['composition'])}")
         for num in ("busbw_gbps", "time_us"):
             val = entry[num]
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(

@@ -22,8 +22,8 @@ import sys
 from typing import Any
 
 from .algorithms import get_algorithm
-from .algorithms.native import COMPOSITIONS
 from .algorithms.registry import user_algorithm_names
+from .natives import all_compositions, libraries
 from .profile import (
     ENGINE_NAMES,
     FORMAT,
@@ -91,7 +91,8 @@ def _rule(algorithms: list[str]) -> dict[str, Any]:
                     "properties": {
                         "bytes": {"type": "integer", "minimum": 0},
                         "impl": {"type": "string", "minLength": 1},
-                        "composition": {"type": "string", "enum": list(COMPOSITIONS)},
+                        "composition": {"type": "string",
+                                        "enum": list(all_compositions())},
                         "busbw_gbps": {"type": "number", "minimum": 0},
                         "time_us": {"type": "number", "minimum": 0},
                     },
@@ -178,7 +179,12 @@ def profile_schema() -> dict[str, Any]:
             }},
             "library": {"type": "object", "required": list(LIBRARY_KEYS),
                         "additionalProperties": False,
-                        "properties": {"name": {"type": "string"},
+                        "properties": {"name": {
+                            "type": "string",
+                            "description": "the MPI library (its name as it reports it; "
+                                           "ringtune has a module for "
+                                           + ", ".join(c.name for c in libraries())
+                                           + ")"},
                                        "version": {"type": "string"},
                                        "nccl": {"type": "string"}}},
             "engine": {"description": "the distributed engine the profile was tuned over "

@@ -11,15 +11,16 @@ with the algorithm forced. ``auto`` (the default) is the library's own selection
 ringtune does not know, or NCCL on GPU buffers, has only ``auto``; an ``impl`` the running
 library does not have is a ``ValueError`` naming the ones it has.
 
-``composition`` picks how MPICH composes the allreduce of intra- and inter-node parts
-(``MPIR_CVAR_ALLREDUCE_COMPOSITION``, set through MPI_T around each call the same way):
-``alpha`` an intra-node reduce, the node leaders' allreduce, an intra-node bcast (what MPICH
-5.0.2's own selection runs on a communicator spanning hosts); ``beta`` the network module's
-allreduce over every rank (flat: ``impl`` is then the algorithm over all ranks); ``delta``
-several leaders per node, each for a part of the message; ``auto`` (the default) the
-library's selection. It changes nothing on one host (every composition but ``gamma``, shared
-memory only, falls back to ``beta``-like flat algorithms there), so the tuner searches it only
-on MPICH across several hosts. Another library runs its default, with a warning.
+``composition`` picks how the library composes the allreduce of intra- and inter-node parts,
+where its module has compositions (MPICH's ``MPIR_CVAR_ALLREDUCE_COMPOSITION``, set per call
+the same way: ``alpha`` an intra-node reduce, the node leaders' allreduce, an intra-node
+bcast; ``beta`` flat over every rank; ``gamma`` shared memory only; ``delta`` several
+leaders per node); ``auto`` (the default) the library's selection. It changes nothing on one
+host, so the tuner searches it only across several hosts. A library without compositions
+runs its default, with a warning.
+
+The cost model asks the library's module too (``NativeLibrary.cost``): the time of its own
+selection, of each ``impl``, of each composition.
 """
 
 from __future__ import annotations
@@ -34,18 +35,13 @@ from .multiring import RingSchedule
 from .registry import register
 
 _IMPL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-#: ``composition`` values: the names of ``collectives.mpit.COMPOSITIONS``, spelled here
-#: because importing ``mpit`` costs ``import collectives`` 5-7 ms (a unit test keeps the two
-#: equal); the tuner searches ``SEARCHED_COMPOSITIONS`` (``gamma`` needs a world on one
-#: node: across hosts MPICH replaces it with beta).
-COMPOSITIONS = ("auto", "alpha", "beta", "gamma", "delta")
-SEARCHED_COMPOSITIONS = ("auto", "alpha", "beta", "delta")
 _warned: set[str] = set()
 
 
 @register
 class Native(Algorithm):
-    """Delegate to ``transport.native_allreduce``, optionally with MPICH algorithm ``impl``."""
+    """Delegate to ``transport.native_allreduce``, optionally with the library's algorithm
+    ``impl`` and composition ``composition``."""
 
     name = "native"
     param_names = ("impl", "composition")
@@ -55,38 +51,27 @@ class Native(Algorithm):
 
     @classmethod
     def params_schema(cls) -> dict[str, Any]:
+        from ..natives import all_compositions, libraries
+
+        owners = ", ".join(f"{c.name}'s" for c in libraries() if c.compositions)
         return {"type": "object", "additionalProperties": False,
                 "properties": {"impl": {
                     "description": "one of the running MPI library's own allreduce "
-                                   "algorithms (collectives.natives: MPICH's "
-                                   "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM choices, Open "
-                                   "MPI's coll_tuned_allreduce_algorithm), or auto",
+                                   "algorithms, as its module in collectives.natives reads "
+                                   "them from the library, or auto",
                     "type": "string", "pattern": _IMPL_RE.pattern,
                     "not": {"pattern": "\n"}},
                     "composition": {
-                        "description": "how MPICH composes the allreduce of intra- and "
-                                       "inter-node parts (MPIR_CVAR_ALLREDUCE_COMPOSITION): "
-                                       "alpha node-aware, beta flat over all ranks, gamma "
-                                       "shared memory only, delta multi-leader, or auto",
-                        "enum": list(COMPOSITIONS)}}}
+                        "description": "how the library composes the allreduce of intra- "
+                                       f"and inter-node parts ({owners or 'none has any'}), "
+                                       "or auto",
+                        "enum": list(all_compositions())}}}
 
     @classmethod
     def cost(cls, model: Any, params: Mapping[str, Any], sizes: Any) -> Any:
-        """The library's allreduce as the model knows it: on MPICH across hosts with several
-        ranks per host, its node-aware composition (``Model.node_aware_native``): the
-        intra-node reduce, the node leaders' allreduce, the intra-node bcast (an ``impl``
-        applies to the leaders' allreduce); elsewhere ``Model.native_allreduce``."""
-        comp = params.get("composition", "auto")
-        if comp == "beta" or (comp == "auto" and not model.node_aware_native()):
-            return model.native_allreduce(1, model.n, sizes)
-        if comp == "delta" and model.node_aware_native():
-            return cls._multi_leader_cost(model, sizes)
-        if model.node_aware_native():
-            leaders = model.node_leaders()
-            return (model.shm_cells_phase(sizes, True)
-                    + leaders.native_allreduce(1, leaders.n, sizes)
-                    + model.shm_cells_phase(sizes, False))
-        return model.native_allreduce(1, model.n, sizes)
+        """The library's allreduce as its module models it (``NativeLibrary.cost``: its own
+        selection, node-aware across hosts where it is, an ``impl``, a composition)."""
+        return model.native.cost(model, params, sizes)
 
     @classmethod
     def grid_cost(cls, model: Any, stride: int, d: int, region: Any,
@@ -123,7 +108,7 @@ class Native(Algorithm):
                           f"{lib.label()} has no {impl!r}")
                 else:
                     self._run_ctx, self._selectors = lib.prepare(ctx, impl)
-            sel = _selector(comp, tname, composition=True) if comp != "auto" else None
+            sel = _composition_selector(comp, tname) if comp != "auto" else None
             if sel is not None:
                 self._selectors.append(sel)
 
@@ -140,17 +125,16 @@ class Native(Algorithm):
             if not foreign_profile():  # another library's profile: its names, warned at run
                 current().check_impl(impl)  # ValueError naming the library's algorithms
         comp = out.get("composition", "auto")
-        if comp not in COMPOSITIONS:
-            raise ValueError(f"composition: expected one of {', '.join(COMPOSITIONS)} (how "
-                             f"MPICH composes the allreduce across hosts), got {comp!r}")
-        if comp != "auto":
-            from ..mpit import MpitError, composition_value, unavailable_reason
+        from ..natives import all_compositions, current, foreign_profile
 
-            if not unavailable_reason():
-                try:
-                    composition_value(comp)  # ValueError naming this MPICH's compositions
-                except MpitError:
-                    pass  # no such variable here: runs the default, warned at run time
+        known = all_compositions()
+        if comp not in known:
+            raise ValueError(f"composition: expected one of {', '.join(known)} (how the "
+                             f"library composes the allreduce across hosts), got {comp!r}")
+        if comp != "auto" and not foreign_profile():
+            lib = current()
+            if lib.compositions:  # a library without any runs its default, warned at run
+                lib.check_composition(comp)  # ValueError naming the library's compositions
         return out
 
     @classmethod
@@ -160,38 +144,26 @@ class Native(Algorithm):
     @classmethod
     def search_space_on(cls, trial: Any, world_size: int, nbytes: int,
                         hosts: int) -> dict[str, Any]:
-        """``impl`` where the library's module lists algorithms; ``composition`` too where
-        the library is MPICH and the world spans several hosts (on one host every
-        composition runs the same algorithms)."""
+        """``impl`` where the library's module lists algorithms (for a world on ``hosts``
+        hosts); ``composition`` too where the library has compositions it can set and the
+        world spans several hosts (on one host every composition runs the same
+        algorithms)."""
         from ..natives import current
 
-        impls = ["auto", *current().algorithms()]
+        lib = current()
+        impls = ["auto", *lib.algorithms_on(hosts)]
         if len(impls) == 1:
             return {}
         out: dict[str, Any] = {}
         impl = trial.suggest_categorical("native.impl", impls)
         if impl != "auto":
             out["impl"] = impl
-        if hosts > 1 and _compositions_searchable():
+        if hosts > 1 and lib.compositions_searchable():
             comp = trial.suggest_categorical("native.composition",
-                                             list(SEARCHED_COMPOSITIONS))
+                                             list(lib.searched_compositions))
             if comp != "auto":
                 out["composition"] = comp
         return out
-
-    @staticmethod
-    def _multi_leader_cost(model: Any, sizes: Any) -> Any:
-        """MPICH's composition delta (``MPIDI_Allreduce_intra_composition_delta``) with every
-        rank of a host a leader: each of the host's k ranks leads 1/k of the message, so
-        the host's data crosses the uplink once, in k concurrent leaders' allreduces of
-        S/k that share it (modelled as the leaders' allreduce of S, the uplink's whole
-        bandwidth), framed by an intra-host reduce to each part's leader and a bcast back,
-        the k parts' cell phases concurrent (a phase of S/k each)."""
-        leaders = model.node_leaders()
-        k = max(1, model.n // max(1, leaders.n))
-        return (model.shm_cells_phase(sizes / k, True)
-                + leaders.native_allreduce(1, leaders.n, sizes)
-                + model.shm_cells_phase(sizes / k, False))
 
     def run(self, buf: Any) -> None:
         if self.count == 0 or self.ctx.size == 1:
@@ -233,34 +205,21 @@ class NativePhase:
         self.ring.all_gather(buf)
 
 
-def _compositions_searchable() -> bool:
-    from ..mpit import MpitError, compositions, unavailable_reason
+def _composition_selector(name: str, transport: str) -> Any:
+    """The running library's selector of composition ``name``, or None (with one warning)
+    where the library's choice cannot be set: NCCL on GPU buffers, a torch.distributed
+    group, a library without compositions or without the variable."""
+    label = f"composition={name}"
+    if transport == "nccl":
+        why = "NCCL chooses its own algorithm"
+    elif transport == "torch":
+        why = "the torch.distributed group's backend (gloo, NCCL) chooses its own algorithm"
+    else:
+        from ..natives import current
 
-    if unavailable_reason():
-        return False
-    try:
-        return len(compositions()) > 1
-    except MpitError:
-        return False
-
-
-def _selector(name: str, transport: str, composition: bool = False) -> Any:
-    """The ``mpit.Selector`` for MPICH algorithm ``name`` (or composition ``name``), or
-    None (with one warning) where the library's choice cannot be set: NCCL on GPU buffers,
-    an MPI other than MPICH, an MPICH without the composition variable."""
-    from ..mpit import COMPOSITION_CVAR, MpitError, Selector, composition_value, unavailable_reason
-
-    label = f"{'composition' if composition else 'impl'}={name}"
-    why = ("NCCL chooses its own algorithm" if transport == "nccl"
-           else "the torch.distributed group's backend (gloo, NCCL) chooses its own algorithm"
-           if transport == "torch" else unavailable_reason())
-    if not why:
-        if not composition:
-            return Selector(name)
-        try:
-            return Selector(name, COMPOSITION_CVAR, composition_value(name))
-        except MpitError as exc:
-            why = str(exc)
+        sel, why = current().composition_selector(name)
+        if sel is not None:
+            return sel
     _warn(label, why)
     return None
 

@@ -79,7 +79,7 @@ class MpiEngine(Engine):
         comm.Allreduce(MPI.IN_PLACE, arr, op=mpi_op(op))
 
     def describe(self, comm: Any) -> dict[str, str]:
-        from ..mpit import library
+        from ..natives import library
 
         return {"engine": self.name, "backend": library()[0]}
 

@@ -6,12 +6,18 @@ from . import mpich, openmpi  # noqa: F401 - each registers itself
 from .base import (
     DEFAULT,
     NativeLibrary,
+    all_compositions,
+    cost_models,
     current,
+    for_cost_model,
     for_name,
     foreign_profile,
+    libraries,
+    library,
     register,
     tuned_with,
 )
 
-__all__ = ["DEFAULT", "NativeLibrary", "current", "for_name", "foreign_profile", "register",
+__all__ = ["DEFAULT", "NativeLibrary", "all_compositions", "cost_models", "current",
+           "for_cost_model", "for_name", "foreign_profile", "libraries", "library", "register",
            "tuned_with"]

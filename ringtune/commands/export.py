@@ -8,7 +8,9 @@ never import ringtune:
   ompi   Open MPI coll/tuned rules:       --mca coll_tuned_use_dynamic_rules 1
                                           --mca coll_tuned_dynamic_rules_filename FILE
 
-Rules of ringtune's own algorithms are exported as the best native candidate measured for
+Without --format: the format of the MPI library the profile was tuned with (its module in
+collectives.natives names it). Rules of ringtune's own algorithms are exported as the best
+native candidate measured for
 each bucket; every substitution is said per rule (comments, or stderr for JSON). The MPICH
 file is checked by starting the installed MPICH with it before it is written.
 
@@ -27,8 +29,9 @@ HELP = "write a profile as MPICH / NCCL / Open MPI's own tuning file"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("profile", metavar="PROFILE", help="profile file (YAML)")
-    p.add_argument("--format", required=True, metavar="mpich|nccl|ompi",
-                   help="the library whose file to write")
+    p.add_argument("--format", metavar="mpich|nccl|ompi",
+                   help="the library whose file to write (default: the format of the MPI "
+                        "library the profile records)")
     p.add_argument("--out", metavar="FILE", help="file to write (default: stdout)")
 
 
@@ -39,13 +42,15 @@ def run(args: argparse.Namespace) -> int:
     from collectives.profile import check_writable, load_profile
     from collectives.shapes import tuned_sizes
     from ringtune.errors import UsageError
-    from ringtune.export import FORMATS, plan
+    from ringtune.export import FORMATS, format_of, plan
 
-    if args.format not in FORMATS:
-        raise UsageError(f"--format {args.format!r}: unknown; use one of {', '.join(FORMATS)}")
     if args.out:
         check_writable(args.out)
     prof = load_profile(args.profile)
+    if args.format is None:
+        args.format = format_of(prof)
+    if args.format not in FORMATS:
+        raise UsageError(f"--format {args.format!r}: unknown; use one of {', '.join(FORMATS)}")
     shapes = [(prof, plan(prof))]  # the main shape must have something to export
     _check_library(args, prof, shapes[0][1])
     for w in sorted(set(tuned_sizes(prof.raw)) - {prof.world_size}):
@@ -66,7 +71,11 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "mpich":
         mod.check_with_library(text, ch4_text=ch4[0] if ch4 else None)
     if args.format != "mpich":
-        notes += [f"rules[{s.rule}]: composition {s.composition} is MPICH's; {args.format} "
+        from collectives.natives import libraries
+
+        owner = {c: lib.name for lib in libraries() for c in lib.compositions}
+        notes += [f"rules[{s.rule}]: composition {s.composition} is "
+                  f"{owner.get(s.composition, 'another library')}'s; {args.format} "
                   "has no such choice: not exported" for _, segs in shapes for s in segs
                   if s.composition != "auto"]
     for note in notes + (ch4[1] if ch4 else []):

@@ -24,6 +24,24 @@ DEFAULT = "auto"
 FORMATS = ("mpich", "nccl", "ompi")
 
 
+def format_of(profile: Profile) -> str:
+    """The export format of the MPI library ``profile`` was tuned with, as its module in
+    ``collectives.natives`` names it (``NativeLibrary.export_format``); ``UsageError``
+    where the profile records none or its library has no file of its own."""
+    from collectives.natives import for_name
+    from ringtune.errors import UsageError
+
+    raw = profile.raw or {}
+    lib = raw.get("library") if isinstance(raw, dict) else None
+    name = str(lib.get("name", "")) if isinstance(lib, dict) else ""
+    fmt = for_name(name).export_format if name else ""
+    if not fmt:
+        why = (f"it was tuned with {name}, which has no tuning file ringtune writes" if name
+               else "it records no MPI library")
+        raise UsageError(f"{profile.path}: give --format ({', '.join(FORMATS)}): {why}")
+    return fmt
+
+
 @dataclass(frozen=True)
 class Segment:
     """One size range of the export: a native algorithm (MPICH's name, or ``auto``)."""

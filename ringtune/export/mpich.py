@@ -106,11 +106,11 @@ def library_file() -> str:
 
 
 def leaf(impl: str) -> dict[str, Any]:
-    from collectives import mpit
+    from collectives.natives import mpich
 
     params: dict[str, Any] = {}
     for key, cvar in PARAMS.get(impl, ()):
-        params[f"{key}={mpit.read_cvar(cvar)}"] = {}
+        params[f"{key}={mpich.read_cvar(cvar)}"] = {}
     return {container(impl): params}
 
 
@@ -136,13 +136,13 @@ def render(shapes: Sequence[tuple[Profile, Sequence[Segment]]]) -> tuple[str, li
     """The JSON text and the notes (for stderr: JSON has no comments). Several job shapes:
     one branch per shape under ``comm_size<=N`` (smallest first), the largest under
     ``comm_size=any``."""
-    from collectives import mpit
+    from collectives.natives import mpich
 
-    why = mpit.unavailable_reason()
+    why = mpich.unavailable_reason()
     if why:
         raise ValueError(f"--format mpich needs the installed MPICH to read its algorithms "
                          f"and built-in selection: {why}")
-    known = set(mpit.native_algorithms())
+    known = set(mpich.native_algorithms())
     for _, segments in shapes:
         for s in segments:
             if s.impl != DEFAULT and s.impl not in known:
@@ -181,7 +181,7 @@ def file_compositions(path: str | None = None) -> set[str]:
     """The compositions the installed MPICH's ch4 selection file can name (a leaf string
     its parser knows; MPICH 5.0.2 has alpha, beta, gamma: delta only as a control-variable
     value, its parser asserts on a delta leaf)."""
-    from collectives.mpit import COMPOSITIONS
+    from collectives.natives.mpich import COMPOSITIONS
 
     with open(path or library_file(), "rb") as fh:
         data = fh.read()
@@ -208,7 +208,7 @@ def render_ch4(shapes: Sequence[tuple[Profile, Sequence[Segment]]]
                ) -> tuple[str, list[str]] | None:
     """ch4's selection file (JSON text and notes) for the rules' compositions, or None
     where every rule leaves the composition to the library."""
-    from collectives.mpit import COMPOSITION_CVAR, COMPOSITIONS
+    from collectives.natives.mpich import COMPOSITION_CVAR, COMPOSITIONS
 
     if all(s.composition == DEFAULT for _, segs in shapes for s in segs):
         return None

@@ -181,9 +181,9 @@ def test_sigkill_of_a_rank_then_resume(tmp_path: Any, reference: dict[str, Any])
     # (PRUNED counts as measured: a noisy machine can make a candidate look 2x slower.)
     keys = {(s, k) for s, _, st, k in _trials(db) if st in ("COMPLETE", "PRUNED")}
     # 5 = native at the library's default and sleep's four; plus MPICH's own algorithms.
-    from collectives import mpit
+    from collectives.natives import mpich
 
-    assert len(keys) == 3 * (5 + len(mpit.native_algorithms()))
+    assert len(keys) == 3 * (5 + len(mpich.native_algorithms()))
 
 
 def _rank_pid(out: str, rank: int) -> int:

@@ -77,10 +77,10 @@ def test_plan_substitutes_the_best_native_candidate_per_bucket() -> None:
 @pytest.mark.skipif(sys.platform != "linux", reason="reads the libmpi named in /proc")
 def test_mpich_file_reaches_a_plain_mpi_program(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
-    from collectives import mpit
+    from collectives.natives import mpich as mpich_lib
 
-    if mpit.unavailable_reason():
-        pytest.skip(mpit.unavailable_reason())
+    if mpich_lib.unavailable_reason():
+        pytest.skip(mpich_lib.unavailable_reason())
     out = tmp_path / "tuning.json"
     res = export(str(PROFILE), "--format", "mpich", "--out", str(out))
     assert res.returncode == 0, res.stderr
@@ -97,7 +97,7 @@ def test_mpich_file_reaches_a_plain_mpi_program(tmp_path: Path) -> None:
         assert run.returncode == 0, run.stderr
         return [line.split()[1] for line in run.stdout.split("\n") if line.strip()]
 
-    algo = mpit.ALGORITHM_CVAR
+    algo = mpich_lib.ALGORITHM_CVAR
     auto = digests()
     forced = [digests(**{algo: "tree"})[0], digests(**{algo: "ring"})[1]]
     tuned = digests(**{mpich.ENV_FILE: str(out)})
@@ -127,10 +127,10 @@ def test_bad_input_exit_2_and_no_file(tmp_path: Path) -> None:
 
 
 def test_library_check_rejects_what_mpich_rejects() -> None:
-    from collectives import mpit
+    from collectives.natives import mpich as mpich_lib
 
-    if mpit.unavailable_reason():
-        pytest.skip(mpit.unavailable_reason())
+    if mpich_lib.unavailable_reason():
+        pytest.skip(mpich_lib.unavailable_reason())
     text = (ROOT / GOLDEN / "profile.yaml").read_text()
     assert text  # the golden profile exists
     with pytest.raises(ValueError, match="rejects"):
@@ -149,9 +149,9 @@ def test_several_shapes_export_one_branch_each(tmp_path: Path) -> None:
     res = export(str(prof), "--format", "nccl")
     assert res.returncode == 0, res.stderr
     assert {r["nRanks"] for r in nccl.parse(res.stdout)} == {2, 3}
-    from collectives import mpit
+    from collectives.natives import mpich as mpich_lib
 
-    if mpit.unavailable_reason():
+    if mpich_lib.unavailable_reason():
         return
     out = tmp_path / "t.json"
     res = export(str(prof), "--format", "mpich", "--out", str(out))
@@ -167,10 +167,10 @@ def test_mpich_compositions_go_to_the_ch4_file(tmp_path: Path) -> None:
     next to --out): the library's ch4 tree with the branch for commutative ops across nodes
     replaced by the rules' compositions per size (golden), checked by the library; the
     algorithm file keeps the rules' algorithms; without --out it is a usage error."""
-    from collectives import mpit
+    from collectives.natives import mpich as mpich_lib
 
-    if mpit.unavailable_reason():
-        pytest.skip(mpit.unavailable_reason())
+    if mpich_lib.unavailable_reason():
+        pytest.skip(mpich_lib.unavailable_reason())
     prof = GOLDEN / "composition.yaml"
     out = tmp_path / "tuning.json"
     res = export(str(prof), "--format", "mpich", "--out", str(out))

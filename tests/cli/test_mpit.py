@@ -1,4 +1,4 @@
-"""``collectives.mpit``: the installed MPICH's allreduce algorithm list and its numbering.
+"""``collectives.natives.mpich``: the installed MPICH's allreduce algorithms and numbering.
 
 The numbering (a choice's position in the variable's description) is checked against the
 value MPICH itself sets when the choice is given in the environment at launch, for every
@@ -12,12 +12,12 @@ import sys
 
 import pytest
 
-from collectives import mpit
+from collectives.natives import mpich
 
-pytestmark = pytest.mark.skipif(bool(mpit.unavailable_reason()),
-                                reason=mpit.unavailable_reason() or "MPICH")
+pytestmark = pytest.mark.skipif(bool(mpich.unavailable_reason()),
+                                reason=mpich.unavailable_reason() or "MPICH")
 
-PROBE = "from collectives import mpit; print(mpit.current())"
+PROBE = "from collectives.natives import mpich; print(mpich.current_algorithm())"
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -28,15 +28,15 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 def test_list_comes_from_the_library() -> None:
-    names = mpit.native_algorithms()
+    names = mpich.native_algorithms()
     assert "ring" in names and "auto" not in names
     assert len(names) == len(set(names))
 
 
 def test_numbering_matches_what_mpich_reads_from_the_environment() -> None:
-    for name in mpit.native_algorithms():
+    for name in mpich.native_algorithms():
         out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                             timeout=60, env=_clean_env(**{mpit.ALGORITHM_CVAR: name}))
+                             timeout=60, env=_clean_env(**{mpich.ALGORITHM_CVAR: name}))
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == name
 
@@ -57,14 +57,14 @@ def test_another_mpi_has_only_the_default(monkeypatch: pytest.MonkeyPatch) -> No
     from collectives.algorithms import get_algorithm
     from collectives.natives import base
 
-    mpit._mpit.cache_clear()
-    mpit._table.cache_clear()
+    mpich._mpit.cache_clear()
+    mpich._table.cache_clear()
     base.current.cache_clear()
-    monkeypatch.setattr(mpit, "library", lambda: ("Foo MPI", "1.2"))
+    monkeypatch.setattr(base, "library", lambda: ("Foo MPI", "1.2"))
     monkeypatch.setattr(base, "_warned", set())
     try:
-        assert mpit.native_algorithms() == []
-        assert "Foo MPI 1.2 is not MPICH" in mpit.unavailable_reason()
+        assert mpich.native_algorithms() == []
+        assert "Foo MPI 1.2 is not MPICH" in mpich.unavailable_reason()
         with pytest.warns(RuntimeWarning, match="Foo MPI 1.2 is an MPI library ringtune "
                                                 "does not know.*impl=auto"):
             lib = natives.current()
@@ -76,6 +76,6 @@ def test_another_mpi_has_only_the_default(monkeypatch: pytest.MonkeyPatch) -> No
                                              r"of Foo MPI 1.2 \(it has auto;"):
             cls.check_params({"impl": "ring"}, 4)
     finally:
-        mpit._mpit.cache_clear()
-        mpit._table.cache_clear()
+        mpich._mpit.cache_clear()
+        mpich._table.cache_clear()
         base.current.cache_clear()

@@ -44,9 +44,9 @@ SLEEPS = "0.2,0.3,0.4"
 
 
 def _configs() -> int:
-    from collectives import mpit
+    from collectives.natives import mpich
 
-    return 3 * (1 + len(mpit.native_algorithms()) + len(SLEEPS.split(",")))
+    return 3 * (1 + len(mpich.native_algorithms()) + len(SLEEPS.split(",")))
 
 
 def _env(mark: str) -> dict[str, str]:

@@ -16,15 +16,15 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from collectives import mpit
+from collectives.natives import mpich
 
 from .conftest import WORLD, agree
 
 N = WORLD.Get_size()
 RANK = WORLD.Get_rank()
 
-pytestmark = pytest.mark.skipif(bool(mpit.unavailable_reason()),
-                                reason=mpit.unavailable_reason() or "MPICH")
+pytestmark = pytest.mark.skipif(bool(mpich.unavailable_reason()),
+                                reason=mpich.unavailable_reason() or "MPICH")
 
 #: Algorithms whose float32 summation order differs from MPICH's default at 3 and 4 ranks.
 ORDER_REVEALING = ("ring", "tree")
@@ -35,11 +35,11 @@ def _fallback_is_an_error() -> Iterator[None]:
     """``MPIR_CVAR_COLLECTIVE_FALLBACK`` = error (0) inside, restored after: a call whose
     selected algorithm or composition cannot apply then fails instead of silently running
     another, which only a call that really selected it can show."""
-    old = mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", 0)
+    old = mpich.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", 0)
     try:
         yield
     finally:
-        mpit.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", old)
+        mpich.write_int_cvar("MPIR_CVAR_COLLECTIVE_FALLBACK", old)
 
 
 def spread_input(rank: int, count: int) -> np.ndarray:
@@ -51,7 +51,7 @@ def test_every_listed_algorithm_sums_correctly(comm) -> None:
     count = 3 * 1024 + 7
     want = sum(spread_input(r, count).astype(np.float64) for r in range(N))
     bad = []
-    for impl in ["auto", *mpit.native_algorithms()]:
+    for impl in ["auto", *mpich.native_algorithms()]:
         buf = spread_input(RANK, count)
         comm.allreduce(buf, algorithm="native", impl=impl)
         if not np.allclose(buf, want, rtol=1e-4, atol=1e-3):
@@ -59,8 +59,8 @@ def test_every_listed_algorithm_sums_correctly(comm) -> None:
         digests = WORLD.allgather(hashlib.sha256(buf.tobytes()).hexdigest())
         if len(set(digests)) != 1:
             bad.append(f"impl={impl}: ranks disagree bitwise")
-        if mpit.current() != "auto":
-            bad.append(f"impl={impl}: left the library on {mpit.current()}")
+        if mpich.current_algorithm() != "auto":
+            bad.append(f"impl={impl}: left the library on {mpich.current_algorithm()}")
     agree(bad)
 
 
@@ -129,10 +129,10 @@ def test_every_composition_sums_correctly_and_restores_the_default(comm) -> None
             digests = WORLD.allgather(hashlib.sha256(buf.tobytes()).hexdigest())
             if len(set(digests)) != 1:
                 bad.append(f"composition={comp} impl={impl}: ranks disagree bitwise")
-            if mpit.read_cvar(mpit.COMPOSITION_CVAR) != 0 or mpit.current() != "auto":
+            if mpich.read_cvar(mpich.COMPOSITION_CVAR) != 0 or mpich.current_algorithm() != "auto":
                 bad.append(f"composition={comp} impl={impl}: left the library on "
-                           f"composition {mpit.read_cvar(mpit.COMPOSITION_CVAR)}, "
-                           f"algorithm {mpit.current()}")
+                           f"composition {mpich.read_cvar(mpich.COMPOSITION_CVAR)}, "
+                           f"algorithm {mpich.current_algorithm()}")
     agree(bad)
 
 
@@ -156,7 +156,7 @@ def test_composition_restriction_error_proves_the_choice(comm, monkeypatch) -> N
             bad.append("composition delta accepted a one-host communicator: not selected")
         except MPI.Exception:
             pass
-        if mpit.read_cvar(mpit.COMPOSITION_CVAR) != 0:
+        if mpich.read_cvar(mpich.COMPOSITION_CVAR) != 0:
             bad.append("a failed call left the composition set")
     agree(bad)
 

@@ -87,3 +87,29 @@ def test_the_plan_runs_the_forced_algorithm(comm) -> None:
                    for calls in seen["recursive_doubling"])
     # The world communicator was not changed by the writes.
     assert _calls(WORLD, count) != seen["basic_linear"]
+
+
+def test_han_is_offered_where_loaded_and_sums_correctly(comm) -> None:
+    """``impl=han``: a duplicate made while coll/han's priority was raised. On one host han
+    declines the communicator (its ranks share a node) and coll/tuned's own decision runs:
+    the result is still the exact sum, the same on every rank; the world keeps its
+    components (a tuned algorithm forced afterwards still runs)."""
+    from collectives.natives import openmpi
+
+    if not openmpi.han_available():
+        pytest.skip("this Open MPI does not load coll/han")
+    assert "han" in LIB.algorithms()
+    assert "han" not in LIB.algorithms_on(1) and "han" in LIB.algorithms_on(2)
+    count = 5 * 1024 + 3
+    for impl in ("han", "ring", "han"):
+        buf = (np.arange(count, dtype=np.float64) % 89) * (RANK + 1)
+        comm.allreduce(buf, algorithm="native", impl=impl)
+        want = (np.arange(count, dtype=np.float64) % 89) * (N * (N + 1) / 2)
+        assert np.array_equal(buf, want), f"impl={impl}: wrong sum"
+        digests = WORLD.allgather(hashlib.sha256(buf.tobytes()).hexdigest())
+        assert len(set(digests)) == 1, f"impl={impl}: ranks disagree"
+    # The writes were undone: han's priority is its default again.
+    from collectives.natives.base import binding
+
+    mpit, _ = binding()
+    assert mpit is not None and mpit.read_int(openmpi.HAN_PRIORITY_CVAR) == 35

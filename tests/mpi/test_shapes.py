@@ -130,9 +130,9 @@ def test_bad_section_names_its_key() -> None:
 
 
 def test_other_library_version_warns() -> None:
-    from collectives import mpit
+    from collectives.natives import library
 
-    name, version = mpit.library()
+    name, version = library()
     data = profile(N, {})
     del data["shapes"]
     data["library"] = {"name": name, "version": version + ".old"}

@@ -316,7 +316,7 @@ def test_mpich_native_across_hosts_is_reduce_leaders_allreduce_bcast() -> None:
     (8 KiB cells, each one hand-off at the library's per-message cost, the wire latency
     overlapped), the leaders' halving/doubling over the whole uplink (one rank per host: no
     sharing), the release_gather bcast."""
-    from autotune.model import MPICH_SHM_CELL_BYTES
+    from collectives.natives.mpich import SHM_CELL_BYTES as MPICH_SHM_CELL_BYTES
 
     m = Model(two_hosts())
     assert m.node_aware_native()

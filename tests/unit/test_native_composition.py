@@ -14,13 +14,13 @@ import pytest
 
 from autotune import space
 from autotune.model import Model
-from collectives import mpit
 from collectives.algorithms import get_algorithm
+from collectives.natives import mpich
 
 from .test_model import two_hosts
 
 NATIVE = get_algorithm("native")
-MPICH = not mpit.unavailable_reason()
+MPICH = not mpich.unavailable_reason()
 
 
 def test_check_params_accepts_every_composition_and_names_the_key_on_a_bad_one() -> None:
@@ -38,14 +38,15 @@ def _configs(hosts: int) -> list[dict[str, Any]]:
                                                            hosts=hosts)]
 
 
-@pytest.mark.skipif(not MPICH, reason=mpit.unavailable_reason() or "MPICH")
-def test_the_parameter_names_the_compositions_mpit_sets() -> None:
-    """``native``'s composition names are ``mpit``'s table (spelled twice to keep ``mpit``
-    out of ``import collectives``)."""
-    from collectives.algorithms import native
+@pytest.mark.skipif(not MPICH, reason=mpich.unavailable_reason() or "MPICH")
+def test_the_parameter_names_the_compositions_mpich_sets() -> None:
+    """``native``'s composition names are the MPICH module's, which are the values of the
+    installed MPICH's variable."""
+    from collectives.natives import all_compositions
 
-    assert native.COMPOSITIONS == tuple(mpit.COMPOSITIONS)
-    assert set(native.SEARCHED_COMPOSITIONS) == set(native.COMPOSITIONS) - {"gamma"}
+    assert mpich.Mpich.compositions == tuple(mpich.COMPOSITIONS) == all_compositions()
+    assert set(mpich.compositions()) <= set(mpich.COMPOSITIONS)
+    assert set(mpich.Mpich.searched_compositions) == set(mpich.COMPOSITIONS) - {"gamma"}
 
 
 def test_searched_only_across_hosts_on_mpich() -> None:
@@ -67,10 +68,8 @@ def test_searched_only_across_hosts_on_mpich() -> None:
 
 
 def test_not_searched_without_mpich(monkeypatch: pytest.MonkeyPatch) -> None:
-    from collectives.algorithms import native as native_mod
-
-    monkeypatch.setattr(mpit, "native_algorithms", lambda: [])
-    monkeypatch.setattr(native_mod, "_compositions_searchable", lambda: False)
+    monkeypatch.setattr(mpich, "native_algorithms", lambda: [])
+    monkeypatch.setattr(mpich.Mpich, "compositions_searchable", lambda self: False)
     assert _configs(2) == [{}]
 
 
@@ -96,7 +95,7 @@ def test_the_model_describes_each_composition() -> None:
                            best.native_allreduce(1, 4, sizes), rtol=1e-12)
 
 
-@pytest.mark.skipif(not MPICH, reason=mpit.unavailable_reason() or "MPICH")
+@pytest.mark.skipif(not MPICH, reason=mpich.unavailable_reason() or "MPICH")
 def test_the_tuner_tries_the_flat_composition_early_only_across_hosts() -> None:
     import optuna
 

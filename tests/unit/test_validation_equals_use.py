@@ -191,7 +191,12 @@ def test_the_issue_example_is_refused_by_validate(tmp_path: Path,
 
 
 def test_impl_not_run_by_the_installed_library_is_refused() -> None:
-    from collectives.mpit import _NOT_CANDIDATES, _table, native_algorithms, unavailable_reason
+    from collectives.natives.mpich import (
+        _NOT_CANDIDATES,
+        _table,
+        native_algorithms,
+        unavailable_reason,
+    )
 
     if unavailable_reason():
         pytest.skip(f"no MPI_T here: {unavailable_reason()}")
