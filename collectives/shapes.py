@@ -14,17 +14,38 @@ validate)`` before validation: it returns the profile mapping of the section for
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from probes.records import RecordError, declare, load, optional_keys, required_keys
 
 from .errors import ProfileError
 
-SECTION_KEYS = ("topology", "rules", "source", "from_world_size")
 SOURCES = ("tuned", "predicted")
 #: Most sections in one profile: one per job shape a cluster runs (``MAX_RULES`` bounds each).
 MAX_SHAPES = 64
 #: Largest world size of a profile (``collectives.profile`` takes it from here): 4 M ranks
 #: is beyond any machine; a larger value is a typing error that would overflow later.
 MAX_WORLD_SIZE = 1 << 22
+#: How ``shapes`` is declared (``collectives.profile.ProfileRecord``, and ``check`` here).
+SHAPES_SPEC: dict[str, Any] = {"max_items": MAX_SHAPES, "noun": "sections",
+                               "why": "one per job shape"}
+
+
+@dataclass(frozen=True)
+class Section:
+    """One entry of ``shapes``. Its ``topology`` and ``rules`` are checked as a whole
+    profile (the top level's other keys with them: ``merged``)."""
+
+    topology: Any
+    rules: Any
+    source: str = declare("tuned", choices=SOURCES)
+    from_world_size: int | None = declare(
+        None, null=False, ge=1, le=MAX_WORLD_SIZE,
+        why="the tuned world size this section was predicted from")
+
+
+SECTION_KEYS = required_keys(Section) + optional_keys(Section)
 
 
 def sections(data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -47,6 +68,13 @@ def merged(data: Mapping[str, Any], section: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
+@dataclass(frozen=True)
+class _Sections:
+    """``shapes`` alone (``collectives.profile.ProfileRecord`` declares it for the file)."""
+
+    shapes: tuple[Section, ...] = declare(**SHAPES_SPEC)
+
+
 #: Validates one whole-profile mapping (``collectives.profile.profile_from_dict``, passed in
 #: by the profile module so that this module does not import it back).
 Validate = Callable[[Mapping[str, Any], str], Any]
@@ -58,33 +86,17 @@ def check(data: Mapping[str, Any], name: str, validate: Validate) -> None:
     value = data.get("shapes")
     if value is None:
         return
-    if not isinstance(value, list):
-        raise ProfileError(f"{name}: shapes: expected a list of sections, got "
-                           f"{type(value).__name__}")
-    if len(value) > MAX_SHAPES:
-        raise ProfileError(f"{name}: shapes: {len(value)} sections; at most {MAX_SHAPES} (one "
-                           "per job shape)")
+    try:
+        # The sections' own keys, as declared (``Section``), before any is validated.
+        load(_Sections, {"shapes": value})
+    except RecordError as exc:
+        raise ProfileError(f"{name}: {exc}") from None
     seen = {_world(data)}
     for i, sec in enumerate(value):
         where = f"{name}: shapes[{i}]"
-        if not isinstance(sec, Mapping):
-            raise ProfileError(f"{where}: expected a mapping with topology and rules")
-        for key in sec:
-            if key not in SECTION_KEYS:
-                raise ProfileError(f"{where}.{key}: unknown key (allowed here: "
-                                   f"{', '.join(SECTION_KEYS)})")
-        if sec.get("source", "tuned") not in SOURCES:
-            raise ProfileError(f"{where}.source: expected one of {', '.join(SOURCES)}, got "
-                               f"{sec.get('source')!r}")
         if sec.get("source") == "predicted" and "from_world_size" not in sec:
             raise ProfileError(f"{where}.from_world_size: a predicted section names the "
                                "tuned world size it was predicted from (an integer)")
-        if "from_world_size" in sec:
-            src = sec["from_world_size"]
-            if type(src) is not int or not 1 <= src <= MAX_WORLD_SIZE:
-                raise ProfileError(f"{where}.from_world_size: expected the tuned world size "
-                                   f"it was predicted from, an integer 1..{MAX_WORLD_SIZE}, "
-                                   f"got {src!r}")
         try:
             validate(merged(data, sec), f"{where}")
         except ProfileError as exc:
