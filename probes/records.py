@@ -87,8 +87,8 @@ def declare(default: Any = dataclasses.MISSING, *,
       ``realistic``: ``le`` (and ``least``, the smallest non-zero magnitude) are the limits
       of a realistic figure, refused as such rather than as out of range;
     - ``choices``: the values allowed (one choice: the constant the key must hold);
-    - ``pattern`` (matched whole) with ``shape`` (its meaning, for messages), ``min_len``,
-      ``max_len``: of a string;
+    - ``pattern`` (matched whole), ``min_len``, ``max_len``: of a string; ``shape``: what
+      the value is, for messages (``"a fraction 0..1"``), instead of words from the checks;
     - ``min_items``/``max_items`` of a list, checked before any item is converted, with
       ``noun`` (``"rules"``) for messages;
     - ``why``: said after a refusal of this key (what to do);
@@ -124,10 +124,12 @@ def _describe(kind: type, spec: Spec) -> str:
         if len(spec.choices) == 1:
             return repr(spec.choices[0])
         return "one of " + ", ".join(str(c) for c in spec.choices)
+    if spec.shape:
+        return spec.shape
     if kind is bool:
         return "true or false"
     if kind is str:
-        return spec.shape or "a string"
+        return "a string"
     noun = "an integer" if kind is int else "a number"
     short = "integer" if kind is int else "number"
     lo, hi = _bounds(kind, spec)
@@ -271,8 +273,10 @@ def _compile(tp: Any, spec: Spec) -> Convert:
             if spec.max_items is not None and n > spec.max_items:
                 _fail(where, _with_why(f"{n} {spec.noun}; at most {spec.max_items}", spec))
             if spec.min_items is not None and n < spec.min_items:
-                got = "empty" if n == 0 else f"{n} {spec.noun}"
-                _fail(where, _with_why(f"{got}; at least {spec.min_items} needed", spec))
+                most = f" of at most {spec.max_items} {spec.noun}" if spec.max_items else ""
+                want = ("a non-empty list" if spec.min_items == 1 else
+                        f"a list of at least {spec.min_items}") + most
+                _fail(where, _with_why(f"expected {want}, got {n} {spec.noun}", spec))
             return tuple([item(v, f"{where}[{i}]") for i, v in enumerate(value)])
         return items
     if origin in (Mapping, dict) or tp in (Mapping, dict):
