@@ -260,7 +260,8 @@ class WorkloadFile:
     sources: tuple[str, ...] | None = declare(None, text=_texts)
     notes: Any = None
     #: Bytes of each gradient tensor, in the order backward produces them.
-    tensor_bytes: tuple[int, ...] = declare((), ge=1)
+    tensor_bytes: tuple[int, ...] = declare(
+        (), ge=1, shape="a list of positive integers (bytes of each gradient tensor)")
 
 
 # -- validation ------------------------------------------------------------------------

@@ -261,14 +261,15 @@ def _compile(tp: Any, spec: Spec) -> Convert:
         return nullable
     if origin is tuple:
         item = _compile(args[0], dataclasses.replace(spec, min_items=None, max_items=None,
-                                                     text=None))
+                                                     text=None, shape=""))
         text_form = spec.text
+        whole = spec.shape
 
         def items(value: Any, where: str) -> Any:
             if text_form is not None and isinstance(value, str):
                 value = text_form(value, where)
             if not isinstance(value, (list, tuple)):
-                _fail(where, f"expected a list, got {show(value)}")
+                _fail(where, _with_why(f"expected {whole or 'a list'}, got {show(value)}", spec))
             n = len(value)
             if spec.max_items is not None and n > spec.max_items:
                 _fail(where, _with_why(f"{n} {spec.noun}; at most {spec.max_items}", spec))
@@ -277,7 +278,16 @@ def _compile(tp: Any, spec: Spec) -> Convert:
                 want = ("a non-empty list" if spec.min_items == 1 else
                         f"a list of at least {spec.min_items}") + most
                 _fail(where, _with_why(f"expected {want}, got {n} {spec.noun}", spec))
-            return tuple([item(v, f"{where}[{i}]") for i, v in enumerate(value)])
+            if not whole:
+                return tuple([item(v, f"{where}[{i}]") for i, v in enumerate(value)])
+            # ``shape`` describes the whole list: a bad item is refused in its words.
+            out = []
+            for i, v in enumerate(value):
+                try:
+                    out.append(item(v, f"{where}[{i}]"))
+                except RecordError:
+                    _fail(where, _with_why(f"expected {whole}, got {show(v)} at [{i}]", spec))
+            return tuple(out)
         return items
     if origin in (Mapping, dict) or tp in (Mapping, dict):
         return _mapping
