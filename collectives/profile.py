@@ -15,185 +15,39 @@ import hashlib
 import json
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
-from probes.records import RecordError, declare, load, optional_keys, required_keys, show
-
-from .algorithms.native import COMPOSITIONS
 from .atomic import write_text_atomic
 from .errors import ProfileError
-from .shapes import MAX_WORLD_SIZE, SHAPES_SPEC, Section
+from .profile_format import ENGINE_NAMES as ENGINE_NAMES
+from .profile_format import FINGERPRINT_PATTERN as FINGERPRINT_PATTERN
+from .profile_format import FINGERPRINT_RE as FINGERPRINT_RE
+from .profile_format import FORMAT as FORMAT
+from .profile_format import MAX_MEASURED as MAX_MEASURED
+from .profile_format import MAX_PROFILE_BYTES as MAX_PROFILE_BYTES
+from .profile_format import MAX_RULE_BYTES as MAX_RULE_BYTES
+from .profile_format import MAX_RULES as MAX_RULES
+from .profile_format import PROFILE_DTYPES as PROFILE_DTYPES
+from .profile_format import PROFILE_OPS as PROFILE_OPS
+from .profile_format import VERSION as VERSION
 
-FORMAT = "ringtune-profile"
-VERSION = 1
-
-PROFILE_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
-PROFILE_OPS = ("sum", "prod", "min", "max", "avg")
-
-#: ``engine``: the distributed engine the profile was tuned over (``collectives.engines``).
-ENGINE_NAMES = ("mpi", "torch")
-FINGERPRINT_PATTERN = r"sha256:[0-9a-f]{64}"
-FINGERPRINT_RE = re.compile(FINGERPRINT_PATTERN)
-#: Range bounds: a world of 4 M ranks and messages of 4 EiB are beyond any machine; larger
-#: values are typing errors that would overflow later (in plans, in NumPy sizes).
-MAX_RULE_BYTES = 1 << 62
-#: Size caps of a profile, checked before anything in it is converted: a tuned profile has
-#: a handful of rules (one per size range where the winner changes), so these leave room
-#: for hand-made tables and keep loading and refusing well under a second.
-MAX_PROFILE_BYTES = 1 << 20
-MAX_RULES = 1024
-#: Largest figure under ``measured`` (GB/s, µs, ratios): finite and readable back.
-MAX_MEASURED = 1e18
-_UNKNOWN = "new keys need a new profile version or go under 'extra'"
+#: The key lists of each record, derived from ``collectives.records`` (imported only when
+#: asked: the declarations import ``probes``, which ``import collectives`` must not).
+_KEY_LISTS = ("REQUIRED_KEYS", "OPTIONAL_KEYS", "TOPOLOGY_KEYS", "RULE_REQUIRED_KEYS",
+              "RULE_OPTIONAL_KEYS", "NATIVE_KEYS", "NATIVE_OPTIONAL_KEYS", "LIBRARY_KEYS",
+              "LIBRARY_OPTIONAL_KEYS", "MEASURED_KEYS")
 
 
-# -- the file's records (docs/design.md "Profile format"), declared once -------------------
-# ``probes.records`` checks a file against these and ``collectives.schema`` writes the JSON
-# Schema from them; what a declaration cannot say is checked in ``profile_from_dict``.
+def __getattr__(name: str) -> Any:
+    if name in _KEY_LISTS:
+        from .records import KEY_LISTS
+
+        return KEY_LISTS[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@dataclass(frozen=True)
-class ToolRecord:
-    __unknown_hint__ = _UNKNOWN
-    name: str
-    version: str | None = declare(None, null=False)
-
-
-@dataclass(frozen=True)
-class TopologyRecord:
-    """``topology``: the shape the profile was tuned on."""
-
-    __unknown_hint__ = _UNKNOWN
-    fingerprint: str | None = declare(None, pattern=FINGERPRINT_PATTERN, max_len=71,
-                                      shape="'sha256:' and 64 lower-case hex digits")
-    world_size: int = declare(ge=1, le=MAX_WORLD_SIZE, required=True, default=1)
-    hosts: int | None = declare(None, null=False, ge=1, le=MAX_WORLD_SIZE)
-    ranks_per_host: int | None = declare(None, null=False, ge=1, le=MAX_WORLD_SIZE)
-    summary: str | None = declare(None, null=False)
-
-
-@dataclass(frozen=True)
-class MeasuredRecord:
-    """A rule's ``measured`` figures (what ``ringtune show`` prints)."""
-
-    __unknown_hint__ = _UNKNOWN
-    bytes: int | None = declare(None, ge=0, le=MAX_RULE_BYTES)
-    busbw_gbps: float | None = declare(None, ge=0, le=MAX_MEASURED)
-    time_us: float | None = declare(None, ge=0, le=MAX_MEASURED)
-    native_busbw_gbps: float | None = declare(None, ge=0, le=MAX_MEASURED)
-    native_time_us: float | None = declare(None, ge=0, le=MAX_MEASURED)
-    algbw_gbps: float | None = declare(None, ge=0, le=MAX_MEASURED)
-    speedup: float | None = declare(None, ge=0, le=MAX_MEASURED)
-
-
-@dataclass(frozen=True)
-class NativeRecord:
-    """One entry of a rule's ``native`` list: the best of the library's own algorithms
-    measured in one bucket of the rule (what ``ringtune export`` writes for the rule)."""
-
-    __unknown_hint__ = _UNKNOWN
-    bytes: int
-    impl: str = declare(min_len=1, shape="an algorithm name")
-    busbw_gbps: float = declare()
-    time_us: float = declare()
-    #: MPICH's allreduce composition of that measurement (``native composition=``), where
-    #: it was not the library's own choice.
-    composition: str | None = declare(None, null=False, choices=COMPOSITIONS,
-                                      why="MPICH's allreduce composition")
-
-
-@dataclass(frozen=True)
-class RuleRecord:
-    """One rule as a file holds it (``Rule`` is what the runtime follows)."""
-
-    __unknown_hint__ = _UNKNOWN
-    min_bytes: int = declare(ge=0, le=MAX_RULE_BYTES)
-    max_bytes: int | None = declare(ge=0, le=MAX_RULE_BYTES)
-    algorithm: str = declare(names="algorithm")
-    params: Mapping[str, Any] = declare(default_factory=dict)
-    transport: str | None = declare(None, null=False, names="transport")
-    measured: MeasuredRecord | None = None
-    native: tuple[NativeRecord, ...] | None = None
-
-
-@dataclass(frozen=True)
-class LibraryRecord:
-    """``library``: the communication library the profile was tuned with (and NCCL's
-    version, for GPU profiles)."""
-
-    __unknown_hint__ = _UNKNOWN
-    name: str
-    version: str
-    nccl: str | None = declare(None, null=False)
-
-
-@dataclass(frozen=True)
-class EngineRecord:
-    """``engine``: the distributed engine the profile was tuned over and its backend (the
-    MPI library, or the process group's: ``gloo``, ``cpu:gloo,cuda:nccl``) and version; a
-    profile without it was tuned over MPI."""
-
-    __unknown_hint__ = _UNKNOWN
-    __schema_doc__ = ("the distributed engine the profile was tuned over (absent: mpi) and "
-                      "its backend and version")
-    name: str = declare(choices=ENGINE_NAMES)
-    backend: str | None = declare(None, null=False)
-    version: str | None = declare(None, null=False)
-
-
-@dataclass(frozen=True)
-class FusionRecord:
-    """``fusion``: allreduce_many's tuned bucket size (collectives/fusion.py)."""
-
-    __unknown_hint__ = _UNKNOWN
-    __schema_doc__ = "allreduce_many's fused bucket size, searched by ringtune tune --workload"
-    bucket_bytes: int = declare(ge=1)
-    measured: Mapping[str, Any] | None = declare(None, null=False)
-
-
-@dataclass(frozen=True)
-class ProfileRecord:
-    """A profile file's top level. Keys not declared here are refused: new keys need a
-    version bump, or go under ``extra``."""
-
-    __unknown_hint__ = _UNKNOWN
-    format: str = declare(choices=(FORMAT,), why="not a ringtune profile")
-    version: int = declare(choices=(VERSION,), why=f"this ringtune reads profile version "
-                           f"{VERSION} only; re-tune or upgrade ringtune")
-    topology: TopologyRecord = declare()
-    backend: str = declare(names="backend")
-    transport: str = declare(names="transport")
-    rules: tuple[RuleRecord, ...] = declare(
-        min_items=1, max_items=MAX_RULES, noun="rules",
-        why="a profile has one rule per size range where the best algorithm changes "
-            "(merge ranges that run the same algorithm); one with min_bytes: 0, max_bytes: "
-            "null covers every size")
-    created: str | None = declare(None, null=False)
-    tool: ToolRecord | None = declare(None, null=False)
-    dtype: str = declare("float32", choices=PROFILE_DTYPES)
-    op: str = declare("sum", choices=PROFILE_OPS)
-    tuning: Mapping[str, Any] | None = declare(None, null=False)
-    extra: Mapping[str, Any] | None = None
-    library: LibraryRecord | None = declare(None, null=False)
-    shapes: tuple[Section, ...] | None = declare(None, null=False, **SHAPES_SPEC)
-    fusion: FusionRecord | None = declare(None, null=False)
-    engine: EngineRecord | None = declare(None, null=False)
-
-
-#: The keys of each record, in declaration order (what ``ringtune validate`` names).
-REQUIRED_KEYS = required_keys(ProfileRecord)
-OPTIONAL_KEYS = optional_keys(ProfileRecord)
-TOPOLOGY_KEYS = required_keys(TopologyRecord) + optional_keys(TopologyRecord)
-RULE_REQUIRED_KEYS = required_keys(RuleRecord)
-RULE_OPTIONAL_KEYS = optional_keys(RuleRecord)
-NATIVE_KEYS = required_keys(NativeRecord)
-NATIVE_OPTIONAL_KEYS = optional_keys(NativeRecord)
-LIBRARY_KEYS = required_keys(LibraryRecord)
-LIBRARY_OPTIONAL_KEYS = optional_keys(LibraryRecord)
-MEASURED_KEYS = optional_keys(MeasuredRecord)
 #: What ``tuning`` and ``extra`` may hold: the plain YAML/JSON types (a set would make the
 #: profile's hash depend on the interpreter's hash seed).
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
@@ -378,6 +232,10 @@ def profile_from_dict(data: Any, name: str = "<profile>",
         for key in ("tuning", "extra"):
             if key in data:
                 _check_plain(name, data[key], key)
+    from probes.records import RecordError, load
+
+    from .records import ProfileRecord
+
     try:
         rec = load(ProfileRecord, data)
     except RecordError as exc:
@@ -429,7 +287,7 @@ def _named(name: str, key: str, value: str, names: Sequence[str]) -> str:
     return value
 
 
-def _rules(name: str, records: tuple[RuleRecord, ...], raw: Sequence[Mapping[str, Any]],
+def _rules(name: str, records: tuple[Any, ...], raw: Sequence[Mapping[str, Any]],
            world_size: int, backend: str) -> tuple[Rule, ...]:
     """The rules, each checked as the runtime will use it (its keys passed their declared
     checks already): sorted, contiguous ranges, a registered algorithm whose own checks pass
@@ -470,8 +328,8 @@ def _rules(name: str, records: tuple[RuleRecord, ...], raw: Sequence[Mapping[str
         if "transport" in params:
             # A rule may name its transport inside params too (docs/design.md); one place only.
             if rtrans is not None and rtrans != params["transport"]:
-                _fail(name, f"{where}.params.transport", f"{show(params['transport'])} "
-                      f"contradicts {where}.transport {show(rtrans)}; give the transport once")
+                _fail(name, f"{where}.params.transport", f"{params['transport']!r} "
+                      f"contradicts {where}.transport {rtrans!r}; give the transport once")
             rtrans = params.pop("transport")
             tkey = f"{where}.params.transport"
         else:
@@ -479,7 +337,7 @@ def _rules(name: str, records: tuple[RuleRecord, ...], raw: Sequence[Mapping[str
         if rtrans is not None:
             if not isinstance(rtrans, str):
                 _fail(name, tkey, f"expected one of {', '.join(transport_names())}, got "
-                      f"{show(rtrans)}")
+                      f"{type(rtrans).__name__}")
             _named(name, tkey, rtrans, transport_names())
             _check_transport(name, rtrans, backend, tkey)
         try:

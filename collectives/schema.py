@@ -25,7 +25,8 @@ from probes.records import json_schema
 
 from .algorithms import get_algorithm
 from .algorithms.registry import user_algorithm_names
-from .profile import MAX_RULES, VERSION, ProfileRecord
+from .profile import MAX_RULES, VERSION
+from .records import ProfileRecord
 from .registry import backend_names, transports_for, user_transport_names
 
 #: Where the checked-in schema lives, from the repository root.

@@ -14,38 +14,20 @@ validate)`` before validation: it returns the profile mapping of the section for
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from probes.records import RecordError, declare, load, optional_keys, required_keys
-
 from .errors import ProfileError
-
-SOURCES = ("tuned", "predicted")
-#: Most sections in one profile: one per job shape a cluster runs (``MAX_RULES`` bounds each).
-MAX_SHAPES = 64
-#: Largest world size of a profile (``collectives.profile`` takes it from here): 4 M ranks
-#: is beyond any machine; a larger value is a typing error that would overflow later.
-MAX_WORLD_SIZE = 1 << 22
-#: How ``shapes`` is declared (``collectives.profile.ProfileRecord``, and ``check`` here).
-SHAPES_SPEC: dict[str, Any] = {"max_items": MAX_SHAPES, "noun": "sections",
-                               "why": "one per job shape"}
+from .profile_format import MAX_SHAPES as MAX_SHAPES
+from .profile_format import MAX_WORLD_SIZE as MAX_WORLD_SIZE
+from .profile_format import SOURCES as SOURCES
 
 
-@dataclass(frozen=True)
-class Section:
-    """One entry of ``shapes``. Its ``topology`` and ``rules`` are checked as a whole
-    profile (the top level's other keys with them: ``merged``)."""
+def __getattr__(name: str) -> Any:
+    if name == "SECTION_KEYS":  # derived from the declaration, which imports probes
+        from .records import SECTION_KEYS
 
-    topology: Any
-    rules: Any
-    source: str = declare("tuned", choices=SOURCES)
-    from_world_size: int | None = declare(
-        None, null=False, ge=1, le=MAX_WORLD_SIZE,
-        why="the tuned world size this section was predicted from")
-
-
-SECTION_KEYS = required_keys(Section) + optional_keys(Section)
+        return SECTION_KEYS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def sections(data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -68,13 +50,6 @@ def merged(data: Mapping[str, Any], section: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-@dataclass(frozen=True)
-class _Sections:
-    """``shapes`` alone (``collectives.profile.ProfileRecord`` declares it for the file)."""
-
-    shapes: tuple[Section, ...] = declare(**SHAPES_SPEC)
-
-
 #: Validates one whole-profile mapping (``collectives.profile.profile_from_dict``, passed in
 #: by the profile module so that this module does not import it back).
 Validate = Callable[[Mapping[str, Any], str], Any]
@@ -86,9 +61,13 @@ def check(data: Mapping[str, Any], name: str, validate: Validate) -> None:
     value = data.get("shapes")
     if value is None:
         return
+    from probes.records import RecordError, load
+
+    from .records import Sections
+
     try:
         # The sections' own keys, as declared (``Section``), before any is validated.
-        load(_Sections, {"shapes": value})
+        load(Sections, {"shapes": value})
     except RecordError as exc:
         raise ProfileError(f"{name}: {exc}") from None
     seen = {_world(data)}
