@@ -21,20 +21,16 @@ nearest common group is at that level:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-_LEVEL_KEYS = {"name", "size", "bandwidth_gbs", "latency_us", "links_per_rank", "shared",
-               "source"}
-_CLUSTER_KEYS = {"name", "description", "ranks", "ranks_per_host", "levels", "memory_gbs",
-                 "overhead_us", "sources", "notes",
-                 "emulate"}  # read by `ringtune emulate` (ringtune/emulate/spec.py)
-_WORKLOAD_KEYS = {"name", "description", "gradient_bytes", "compute_seconds", "overlap",
-                  "sources", "notes", "tensor_bytes"}
+from probes.records import RecordError, declare, load
 
 #: Bounds of the files' figures. Ranks: the model works on NumPy arrays with one entry per
 #: rank and ranks every grid of the world size, so ``ringtune simulate`` costs grow with
@@ -50,9 +46,9 @@ MAX_FILE_BYTES = 1 << 20
 
 #: The ``emulate:`` section (``ringtune emulate``, ringtune/emulate/spec.py, which says what
 #: each key does): checked with the rest of the file, so every reader refuses it alike.
-EMULATE_KEYS = ("hostname_prefix", "oversubscribe", "burst_kb", "mtu", "progress")
 PROGRESS_MODES = ("spin", "throttle")
-HOSTNAME_PREFIX = re.compile(r"[a-z][a-z0-9-]{0,40}")
+HOSTNAME_PATTERN = r"[a-z][a-z0-9-]{0,40}"
+HOSTNAME_PREFIX = re.compile(HOSTNAME_PATTERN)
 #: Ethernet's MTU and the range ``mtu`` may take (IPv4's minimum datagram a host must
 #: accept, and the largest a veth carries); the largest token-bucket burst (1 GiB).
 DEFAULT_MTU = 1500
@@ -190,6 +186,85 @@ class Workload:
         return self.compute_seconds / self.step_seconds(allreduce_seconds)
 
 
+# -- the files' records, declared once (probes.records checks them) ---------------------
+
+
+def _figure(default: Any = dataclasses.MISSING, *, zero: bool = False, integer: bool = False,
+            most: float = MAX_QUANTITY) -> Any:
+    """A physical quantity: positive (non-negative with ``zero``), at most ``most`` and, when
+    not an integer, at least ``MIN_QUANTITY`` unless 0: beyond those a typing error that
+    would turn the model's times into 0 or infinities."""
+    bound = {"ge": 0} if zero else {"gt": 0}
+    return declare(default, **bound, le=most, realistic=True,
+                   least=None if integer else MIN_QUANTITY)
+
+
+def _texts(text: str, where: str) -> tuple[str, ...]:
+    return (text,)
+
+
+@dataclass(frozen=True)
+class LevelFile:
+    """One entry of a cluster file's ``levels`` (``Level`` is what the model uses)."""
+
+    size: int = _figure(integer=True, most=MAX_RANKS)
+    bandwidth_gbs: float = _figure()
+    latency_us: float = _figure(zero=True)
+    name: str = ""
+    links_per_rank: float = _figure(1.0)
+    shared: bool = True
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class EmulateFile:
+    """A cluster file's ``emulate:`` section (``ringtune emulate``, ringtune/emulate/spec.py,
+    which says what each key does): checked with the rest of the file, so every reader
+    refuses it alike."""
+
+    hostname_prefix: str = declare("host", pattern=HOSTNAME_PATTERN,
+                                   shape="lower-case letters, digits and '-' starting with "
+                                         "a letter (at most 41)")
+    oversubscribe: bool = False
+    burst_kb: float = declare(0, ge=0, le=MAX_BURST_KB, why="KiB; 0: the default")
+    mtu: int = declare(DEFAULT_MTU, ge=MTU_RANGE[0], le=MTU_RANGE[1],
+                       why="bytes; 1500 is Ethernet's, 9000 jumbo frames")
+    progress: str = declare("spin", choices=PROGRESS_MODES, why="how MPICH's ranks wait")
+
+
+@dataclass(frozen=True)
+class ClusterFile:
+    """A cluster file's top level."""
+
+    ranks: int = _figure(integer=True, most=MAX_RANKS)
+    levels: tuple[LevelFile, ...] = declare(min_items=1, max_items=MAX_LEVELS, noun="levels",
+                                            why="innermost first")
+    memory_gbs: float = _figure()
+    name: str | None = declare(None, null=False)
+    description: str = ""
+    ranks_per_host: int | None = _figure(None, integer=True, most=MAX_RANKS)
+    overhead_us: float = _figure(DEFAULT_OVERHEAD_US, zero=True)
+    sources: tuple[str, ...] | None = declare(None, text=_texts)
+    notes: Any = None
+    emulate: EmulateFile | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadFile:
+    """A workload file (``Workload`` is what the model uses)."""
+
+    gradient_bytes: int = _figure(integer=True, most=1 << 50)
+    compute_seconds: float = _figure()
+    name: str | None = declare(None, null=False)
+    description: str = ""
+    overlap: float = declare(0.0, ge=0, le=1, shape="a fraction 0..1")
+    sources: tuple[str, ...] | None = declare(None, text=_texts)
+    notes: Any = None
+    #: Bytes of each gradient tensor, in the order backward produces them.
+    tensor_bytes: tuple[int, ...] = declare(
+        (), ge=1, shape="a list of positive integers (bytes of each gradient tensor)")
+
+
 # -- validation ------------------------------------------------------------------------
 
 
@@ -204,141 +279,46 @@ def _read_yaml(path: str, kind: str) -> Any:
     return data
 
 
-def _show(value: Any) -> str:
-    """A value for a message: a list or mapping by its type (it may be huge), text cut."""
-    if isinstance(value, (list, dict)):
-        return type(value).__name__
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+def _load(cls: type[_F], data: Any, where: str) -> _F:
+    """``cls`` from plain data; ``ValueError`` ``where: key.path: message``."""
+    try:
+        return load(cls, data)
+    except RecordError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
-def _unknown(where: str, data: Mapping[str, Any], allowed: set[str]) -> None:
-    extra = sorted(set(data) - allowed)
-    if extra:
-        raise ValueError(f"{where}{extra[0]}: unknown key (allowed: {', '.join(sorted(allowed))})")
-
-
-def _positive(where: str, value: Any, integer: bool = False, zero: bool = False,
-              most: float = MAX_QUANTITY) -> Any:
-    """``value`` if it is a (non-negative with ``zero``) number no larger than ``most``;
-    a physical quantity beyond ``MAX_QUANTITY`` (10⁹ GB/s, 10⁹ µs) is a typing error that
-    would turn the model's times into infinities."""
-    ok_type = (isinstance(value, int) if integer else isinstance(value, (int, float)))
-    if not ok_type or isinstance(value, bool) or not math.isfinite(value) or (
-        value < 0 if zero else value <= 0
-    ):
-        kind = "integer" if integer else "number"
-        bound = "non-negative" if zero else "positive"
-        raise ValueError(f"{where}: expected a {bound} {kind}, got {_show(value)}")
-    if value > most:
-        raise ValueError(f"{where}: {_show(value)} is more than {most:g}, the most this key "
-                         "may be; give a realistic figure (in the units of the key's name)")
-    if not integer and 0 < value < MIN_QUANTITY:
-        raise ValueError(f"{where}: {_show(value)} is below {MIN_QUANTITY:g}; give a "
-                         "realistic figure (in the units of the key's name)")
-    return value
-
-
-def _text(where: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{where}: expected text, got {_show(value)}")
-    return value
-
-
-def _sources(where: str, value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise ValueError(f"{where}: expected a list of texts, got {_show(value)}")
-    return tuple(value)
+_F = typing.TypeVar("_F")
 
 
 def check_emulate(value: Any, where: str) -> dict[str, Any]:
     """The ``emulate:`` section with its defaults filled; ``ValueError`` naming the key
     (``where``: ``FILE: emulate``) for anything ``ringtune emulate`` could not use."""
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        raise ValueError(f"{where}: expected a mapping with keys {', '.join(EMULATE_KEYS)}, "
-                         f"got {_show(value)}")
-    _unknown(f"{where}.", value, set(EMULATE_KEYS))
-    prefix = value.get("hostname_prefix", "host")
-    if not isinstance(prefix, str) or not HOSTNAME_PREFIX.fullmatch(prefix):
-        raise ValueError(f"{where}.hostname_prefix: expected lower-case letters, digits and "
-                         f"'-' starting with a letter (at most 41), got {_show(prefix)}")
-    over = value.get("oversubscribe", False)
-    if not isinstance(over, bool):
-        raise ValueError(f"{where}.oversubscribe: expected true or false, got {_show(over)}")
-    burst_kb = value.get("burst_kb", 0)
-    if (not isinstance(burst_kb, (int, float)) or isinstance(burst_kb, bool)
-            or not math.isfinite(burst_kb) or not 0 <= burst_kb <= MAX_BURST_KB):
-        raise ValueError(f"{where}.burst_kb: expected a number 0..{MAX_BURST_KB} (KiB; 0: the "
-                         f"default), got {_show(burst_kb)}")
-    mtu = value.get("mtu", DEFAULT_MTU)
-    if (not isinstance(mtu, int) or isinstance(mtu, bool)
-            or not MTU_RANGE[0] <= mtu <= MTU_RANGE[1]):
-        raise ValueError(f"{where}.mtu: expected an integer {MTU_RANGE[0]}..{MTU_RANGE[1]} "
-                         f"(bytes; 1500 is Ethernet's, 9000 jumbo frames), got {_show(mtu)}")
-    progress = value.get("progress", "spin")
-    if not isinstance(progress, str) or progress not in PROGRESS_MODES:
-        raise ValueError(f"{where}.progress: expected one of {', '.join(PROGRESS_MODES)} (how "
-                         f"MPICH's ranks wait), got {_show(progress)}")
-    return {"hostname_prefix": prefix, "oversubscribe": over, "burst_kb": burst_kb,
-            "mtu": mtu, "progress": progress}
+    try:
+        rec = load(EmulateFile, {} if value is None else value, where)
+    except RecordError as exc:
+        raise ValueError(str(exc)) from None
+    return dataclasses.asdict(rec)
 
 
 def cluster_from_dict(data: Any, where: str = "cluster") -> Cluster:
     """A validated ``Cluster`` from parsed YAML; ``where`` (the file name) prefixes errors."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping with keys name, ranks, levels, "
-                         f"memory_gbs; got {type(data).__name__}")
+    if isinstance(data, dict) and isinstance(data.get("ranks"), int) and \
+            not isinstance(data["ranks"], bool) and data["ranks"] > MAX_RANKS:
+        raise ValueError(f"{where}: ranks: {data['ranks']} ranks; the cost model takes at "
+                         f"most {MAX_RANKS} (1,024 hosts of 8), which keeps `ringtune "
+                         "simulate` within seconds")
+    rec = _load(ClusterFile, data, where)
     p = f"{where}: "
-    _unknown(p, data, _CLUSTER_KEYS)
-    for key in ("levels", "ranks", "memory_gbs"):
-        if key not in data:
-            raise ValueError(f"{p}{key}: missing (required: levels, ranks, memory_gbs)")
-    raw = data["levels"]
-    if not isinstance(raw, list) or not raw or len(raw) > MAX_LEVELS:
-        got = f"{len(raw)} levels" if isinstance(raw, list) and raw else _show(raw)
-        raise ValueError(f"{p}levels: expected a non-empty list of at most {MAX_LEVELS} levels "
-                         f"(innermost first), got {got}")
-    levels = []
-    for i, lv in enumerate(raw):
-        q = f"{p}levels[{i}]"
-        if not isinstance(lv, dict):
-            raise ValueError(f"{q}: expected a mapping, got {_show(lv)}")
-        _unknown(q + ".", lv, _LEVEL_KEYS)
-        for key in ("size", "bandwidth_gbs", "latency_us"):
-            if key not in lv:
-                raise ValueError(f"{q}.{key}: missing (each level needs size, bandwidth_gbs, "
-                                 f"latency_us)")
-        shared = lv.get("shared", True)
-        if not isinstance(shared, bool):
-            raise ValueError(f"{q}.shared: expected true or false, got {_show(shared)}")
-        levels.append(Level(
-            name=_text(f"{q}.name", lv.get("name", f"level{i}")),
-            size=_positive(f"{q}.size", lv["size"], integer=True, most=MAX_RANKS),
-            bandwidth_gbs=float(_positive(f"{q}.bandwidth_gbs", lv["bandwidth_gbs"])),
-            latency_us=float(_positive(f"{q}.latency_us", lv["latency_us"], zero=True)),
-            links_per_rank=float(_positive(f"{q}.links_per_rank", lv.get("links_per_rank", 1))),
-            shared=shared,
-            source=_text(f"{q}.source", lv.get("source", "")),
-        ))
-    if isinstance(data["ranks"], int) and not isinstance(data["ranks"], bool) and \
-            data["ranks"] > MAX_RANKS:
-        raise ValueError(f"{p}ranks: {data['ranks']} ranks; the cost model takes at most "
-                         f"{MAX_RANKS} (1,024 hosts of 8), which keeps `ringtune simulate` "
-                         "within seconds")
-    ranks = _positive(f"{p}ranks", data["ranks"], integer=True, most=MAX_RANKS)
+    levels = [Level(name=lv.name or f"level{i}", size=lv.size, bandwidth_gbs=lv.bandwidth_gbs,
+                    latency_us=lv.latency_us, links_per_rank=lv.links_per_rank,
+                    shared=lv.shared, source=lv.source) for i, lv in enumerate(rec.levels)]
+    ranks = rec.ranks
     product = math.prod(lv.size for lv in levels)
     if product != ranks:
         sizes = " x ".join(str(lv.size) for lv in levels)
         raise ValueError(f"{p}levels: sizes {sizes} = {product} ranks, but ranks is {ranks}; "
                          f"make the product of levels[*].size equal ranks")
-    per_host = _positive(f"{p}ranks_per_host", data.get("ranks_per_host", levels[0].size),
-                         integer=True, most=MAX_RANKS)
+    per_host = rec.ranks_per_host if rec.ranks_per_host is not None else levels[0].size
     prefixes = [math.prod(lv.size for lv in levels[:i + 1]) for i in range(len(levels))]
     if per_host not in prefixes:
         raise ValueError(f"{p}ranks_per_host: {per_host} is not the size of a group of "
@@ -346,14 +326,13 @@ def cluster_from_dict(data: Any, where: str = "cluster") -> Cluster:
                          f"be whole levels")
     return Cluster(
         host_levels=prefixes.index(per_host) + 1,
-        name=_text(f"{p}name", data.get("name", where)),
+        name=rec.name if rec.name is not None else where,
         levels=tuple(levels),
-        memory_gbs=float(_positive(f"{p}memory_gbs", data["memory_gbs"])),
-        overhead_us=float(_positive(f"{p}overhead_us",
-                                    data.get("overhead_us", DEFAULT_OVERHEAD_US), zero=True)),
-        description=_text(f"{p}description", data.get("description", "")),
-        sources=_sources(f"{p}sources", data.get("sources")),
-        emulate=check_emulate(data.get("emulate"), f"{p}emulate"),
+        memory_gbs=rec.memory_gbs,
+        overhead_us=rec.overhead_us,
+        description=rec.description,
+        sources=rec.sources or (),
+        emulate=dataclasses.asdict(rec.emulate or EmulateFile()),
     )
 
 
@@ -364,35 +343,19 @@ def load_cluster(path: str | os.PathLike[str]) -> Cluster:
 
 
 def workload_from_dict(data: Any, where: str = "workload") -> Workload:
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping with keys gradient_bytes, "
-                         f"compute_seconds, overlap; got {type(data).__name__}")
-    p = f"{where}: "
-    _unknown(p, data, _WORKLOAD_KEYS)
-    for key in ("gradient_bytes", "compute_seconds"):
-        if key not in data:
-            raise ValueError(f"{p}{key}: missing (required: gradient_bytes, compute_seconds)")
-    overlap = data.get("overlap", 0.0)
-    if (not isinstance(overlap, (int, float)) or isinstance(overlap, bool)
-            or not 0 <= overlap <= 1):
-        raise ValueError(f"{p}overlap: expected a fraction 0..1, got {_show(overlap)}")
-    tensors = data.get("tensor_bytes", [])
-    if not isinstance(tensors, list) or any(
-            isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in tensors):
-        raise ValueError(f"{p}tensor_bytes: expected a list of positive integers (bytes of "
-                         f"each gradient tensor), got {tensors!r}")
-    if tensors and sum(tensors) != data["gradient_bytes"]:
-        raise ValueError(f"{p}tensor_bytes: the sizes sum to {sum(tensors)} B, but "
-                         f"gradient_bytes is {data['gradient_bytes']}; make them agree")
+    rec = _load(WorkloadFile, data, where)
+    tensors = rec.tensor_bytes
+    if tensors and sum(tensors) != rec.gradient_bytes:
+        raise ValueError(f"{where}: tensor_bytes: the sizes sum to {sum(tensors)} B, but "
+                         f"gradient_bytes is {rec.gradient_bytes}; make them agree")
     return Workload(
-        tensor_bytes=tuple(tensors),
-        name=_text(f"{p}name", data.get("name", where)),
-        gradient_bytes=_positive(f"{p}gradient_bytes", data["gradient_bytes"], integer=True,
-                                 most=1 << 50),
-        compute_seconds=float(_positive(f"{p}compute_seconds", data["compute_seconds"])),
-        overlap=float(overlap),
-        description=_text(f"{p}description", data.get("description", "")),
-        sources=_sources(f"{p}sources", data.get("sources")),
+        tensor_bytes=tensors,
+        name=rec.name if rec.name is not None else where,
+        gradient_bytes=rec.gradient_bytes,
+        compute_seconds=rec.compute_seconds,
+        overlap=rec.overlap,
+        description=rec.description,
+        sources=rec.sources or (),
     )
 
 

@@ -21,33 +21,23 @@ import os
 import sys
 from typing import Any
 
+from probes.records import json_schema
+
 from .algorithms import get_algorithm
 from .algorithms.registry import user_algorithm_names
 from .natives import all_compositions, libraries
-from .profile import (
-    ENGINE_NAMES,
-    FORMAT,
-    LIBRARY_KEYS,
-    MAX_RULE_BYTES,
-    MAX_RULES,
-    MEASURED_KEYS,
-    NATIVE_KEYS,
-    PROFILE_DTYPES,
-    PROFILE_OPS,
-    REQUIRED_KEYS,
-    RULE_REQUIRED_KEYS,
-    VERSION,
-)
+from .profile import MAX_RULES, VERSION
+from .records import ProfileRecord
 from .registry import backend_names, transports_for, user_transport_names
-from .shapes import MAX_SHAPES, MAX_WORLD_SIZE
 
 #: Where the checked-in schema lives, from the repository root.
 SCHEMA_FILE = os.path.join("profiles", "schema", "profile-v1.schema.json")
 
 _DESCRIPTION = (
     "Tuned allreduce rules per message size (docs/design.md 'Profile format'). Generated "
-    "from the algorithm registry by `python -m collectives.schema` (make schema): do not "
-    "edit by hand. collectives.profile.load_profile checks everything here and, in "
+    "from the profile's declared records and the algorithm registry by `python -m "
+    "collectives.schema` (make schema): do not edit by hand. "
+    "collectives.profile.load_profile checks everything here and, in "
     "addition, what a schema cannot express: rules sorted and contiguous (rules[i].min_bytes "
     "= rules[i-1].max_bytes + 1), only the last rule open-ended (max_bytes null), max_bytes "
     ">= min_bytes, algorithm names registered in this installation, ring-order permutations "
@@ -55,10 +45,6 @@ _DESCRIPTION = (
     "ranks_per_host = world_size, the native impl installed in this MPI library, and each "
     "algorithm's own parameter checks; and YAML's 1.0 is a float where an integer is meant "
     "(JSON Schema's integer admits it). A profile file is at most 1 MiB.")
-
-_NULLABLE_FIGURE: dict[str, Any] = {"type": ["number", "null"], "minimum": 0,
-                                     "maximum": 1e18}
-_BYTES: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_RULE_BYTES}
 
 
 def _params_schema(name: str) -> dict[str, Any]:
@@ -70,131 +56,44 @@ def _params_schema(name: str) -> dict[str, Any]:
     return fragment
 
 
-def _rule(algorithms: list[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": list(RULE_REQUIRED_KEYS),
-        "additionalProperties": False,
-        "properties": {
-            "min_bytes": dict(_BYTES),
-            "max_bytes": {"type": ["integer", "null"], "minimum": 0,
-                          "maximum": MAX_RULE_BYTES},
-            "algorithm": {"type": "string", "enum": algorithms},
-            "params": {"type": "object"},
-            "transport": {"$ref": "#/$defs/transport"},
-            "native": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": list(NATIVE_KEYS),
-                    "additionalProperties": False,
-                    "properties": {
-                        "bytes": {"type": "integer", "minimum": 0},
-                        "impl": {"type": "string", "minLength": 1},
-                        "composition": {"type": "string",
-                                        "enum": list(all_compositions())},
-                        "busbw_gbps": {"type": "number", "minimum": 0},
-                        "time_us": {"type": "number", "minimum": 0},
-                    },
-                },
-            },
-            "measured": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {k: dict(_NULLABLE_FIGURE) if k != "bytes" else
-                               {"type": ["integer", "null"], "minimum": 0,
-                                "maximum": MAX_RULE_BYTES} for k in MEASURED_KEYS},
-            },
-        },
-        # One branch per algorithm: its params as its own params_schema says.
-        "allOf": [
-            {"if": {"properties": {"algorithm": {"const": name}}},
-             "then": {"properties": {"params": {"$ref": f"#/$defs/{name}_params"}}}}
-            for name in algorithms
-        ],
-    }
-
-
 def profile_schema() -> dict[str, Any]:
-    """The whole profile schema (JSON Schema draft 2020-12) for the algorithms registered
-    now, test-only ones left out."""
+    """The whole profile schema (JSON Schema draft 2020-12): the keys as
+    ``collectives.profile.ProfileRecord`` declares them, the names the registries hold now
+    (test-only algorithms and transports left out), each algorithm's params as its own
+    ``params_schema`` says."""
     algorithms = user_algorithm_names("display_order")
-    topology = {
-        "type": "object",
-        "required": ["world_size"],
-        "additionalProperties": False,
-        "properties": {
-            "fingerprint": {"type": ["string", "null"], "pattern": "^sha256:[0-9a-f]{64}$",
-                            "maxLength": 71},
-            "world_size": {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE},
-            "hosts": {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE},
-            "ranks_per_host": {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE},
-            "summary": {"type": "string"},
-        },
-    }
-    defs: dict[str, Any] = {"transport": {"enum": user_transport_names()},
-                            "rule": _rule(algorithms)}
+    names = {"transport": {"$ref": "#/$defs/transport"}, "backend": {"enum": backend_names()},
+             "algorithm": {"type": "string", "enum": algorithms},
+             "composition": {"type": "string", "enum": list(all_compositions())},
+             "library": {"type": "string", "description": (
+                 "the MPI library (its name as it reports it; ringtune has a module for "
+                 + ", ".join(c.name for c in libraries()) + ")")}}
+    record = json_schema(ProfileRecord, names)
+    props = record["properties"]
+    rules = props["rules"]
+    rule = rules.pop("items")
+    # One branch per algorithm: its params as its own params_schema says.
+    rule["allOf"] = [
+        {"if": {"properties": {"algorithm": {"const": name}}},
+         "then": {"properties": {"params": {"$ref": f"#/$defs/{name}_params"}}}}
+        for name in algorithms
+    ]
+    rules["prefixItems"] = [{"$ref": "#/$defs/rule", "properties": {"min_bytes": {"const": 0}}}]
+    rules["items"] = {"$ref": "#/$defs/rule"}
+    # A section's topology and rules are a profile's (checked as one, merged with the rest).
+    section = props["shapes"]["items"]["properties"]
+    section["topology"] = {"$ref": "#/properties/topology"}
+    section["rules"] = {"$ref": "#/properties/rules"}
+    defs: dict[str, Any] = {"transport": {"enum": user_transport_names()}, "rule": rule}
     for name in algorithms:
         defs[f"{name}_params"] = _params_schema(name)
+    assert rules["maxItems"] == MAX_RULES
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://github.com/ringtune/ringtune/profiles/schema/profile-v1.schema.json",
         "title": f"ringtune profile, version {VERSION}",
         "description": _DESCRIPTION,
-        "type": "object",
-        "required": list(REQUIRED_KEYS),
-        "additionalProperties": False,
-        "properties": {
-            "format": {"const": FORMAT},
-            "version": {"const": VERSION, "type": "integer"},
-            "created": {"type": "string"},
-            "tool": {"type": "object", "required": ["name"], "additionalProperties": False,
-                     "properties": {"name": {"type": "string"},
-                                    "version": {"type": "string"}}},
-            "topology": topology,
-            "backend": {"enum": backend_names()},
-            "transport": {"$ref": "#/$defs/transport"},
-            "dtype": {"enum": list(PROFILE_DTYPES)},
-            "op": {"enum": list(PROFILE_OPS)},
-            "rules": {"type": "array", "minItems": 1, "maxItems": MAX_RULES,
-                      "prefixItems": [{"$ref": "#/$defs/rule",
-                                       "properties": {"min_bytes": {"const": 0}}}],
-                      "items": {"$ref": "#/$defs/rule"}},
-            "fusion": {
-                "description": "allreduce_many's fused bucket size, searched by ringtune "
-                               "tune --workload",
-                "type": "object", "required": ["bucket_bytes"], "additionalProperties": False,
-                "properties": {"bucket_bytes": {"type": "integer", "minimum": 1},
-                               "measured": {"type": "object"}},
-            },
-            "tuning": {"type": "object"},
-            "shapes": {"type": "array", "maxItems": MAX_SHAPES, "items": {
-                "type": "object", "required": ["topology", "rules"],
-                "additionalProperties": False,
-                "properties": {"topology": {"$ref": "#/properties/topology"},
-                               "rules": {"$ref": "#/properties/rules"},
-                               "source": {"enum": ["tuned", "predicted"]},
-                               "from_world_size": {"type": "integer", "minimum": 1,
-                                                   "maximum": MAX_WORLD_SIZE}},
-            }},
-            "library": {"type": "object", "required": list(LIBRARY_KEYS),
-                        "additionalProperties": False,
-                        "properties": {"name": {
-                            "type": "string",
-                            "description": "the MPI library (its name as it reports it; "
-                                           "ringtune has a module for "
-                                           + ", ".join(c.name for c in libraries())
-                                           + ")"},
-                                       "version": {"type": "string"},
-                                       "nccl": {"type": "string"}}},
-            "engine": {"description": "the distributed engine the profile was tuned over "
-                                      "(absent: mpi) and its backend and version",
-                       "type": "object", "required": ["name"], "additionalProperties": False,
-                       "properties": {"name": {"enum": list(ENGINE_NAMES)},
-                                      "backend": {"type": "string"},
-                                      "version": {"type": "string"}}},
-            "extra": {"type": ["object", "null"]},
-        },
+        **record,
         # The transports each backend's buffers can use, wherever a transport is named.
         "allOf": [_backend_transports(b) for b in backend_names()],
         "$defs": defs,

@@ -17,14 +17,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import ProfileError
+from .profile_format import MAX_SHAPES as MAX_SHAPES
+from .profile_format import MAX_WORLD_SIZE as MAX_WORLD_SIZE
+from .profile_format import SOURCES as SOURCES
 
-SECTION_KEYS = ("topology", "rules", "source", "from_world_size")
-SOURCES = ("tuned", "predicted")
-#: Most sections in one profile: one per job shape a cluster runs (``MAX_RULES`` bounds each).
-MAX_SHAPES = 64
-#: Largest world size of a profile (``collectives.profile`` takes it from here): 4 M ranks
-#: is beyond any machine; a larger value is a typing error that would overflow later.
-MAX_WORLD_SIZE = 1 << 22
+
+def __getattr__(name: str) -> Any:
+    if name == "SECTION_KEYS":  # derived from the declaration, which imports probes
+        from .records import SECTION_KEYS
+
+        return SECTION_KEYS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def sections(data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -58,33 +61,21 @@ def check(data: Mapping[str, Any], name: str, validate: Validate) -> None:
     value = data.get("shapes")
     if value is None:
         return
-    if not isinstance(value, list):
-        raise ProfileError(f"{name}: shapes: expected a list of sections, got "
-                           f"{type(value).__name__}")
-    if len(value) > MAX_SHAPES:
-        raise ProfileError(f"{name}: shapes: {len(value)} sections; at most {MAX_SHAPES} (one "
-                           "per job shape)")
+    from probes.records import RecordError, load
+
+    from .records import Sections
+
+    try:
+        # The sections' own keys, as declared (``Section``), before any is validated.
+        load(Sections, {"shapes": value})
+    except RecordError as exc:
+        raise ProfileError(f"{name}: {exc}") from None
     seen = {_world(data)}
     for i, sec in enumerate(value):
         where = f"{name}: shapes[{i}]"
-        if not isinstance(sec, Mapping):
-            raise ProfileError(f"{where}: expected a mapping with topology and rules")
-        for key in sec:
-            if key not in SECTION_KEYS:
-                raise ProfileError(f"{where}.{key}: unknown key (allowed here: "
-                                   f"{', '.join(SECTION_KEYS)})")
-        if sec.get("source", "tuned") not in SOURCES:
-            raise ProfileError(f"{where}.source: expected one of {', '.join(SOURCES)}, got "
-                               f"{sec.get('source')!r}")
         if sec.get("source") == "predicted" and "from_world_size" not in sec:
             raise ProfileError(f"{where}.from_world_size: a predicted section names the "
                                "tuned world size it was predicted from (an integer)")
-        if "from_world_size" in sec:
-            src = sec["from_world_size"]
-            if type(src) is not int or not 1 <= src <= MAX_WORLD_SIZE:
-                raise ProfileError(f"{where}.from_world_size: expected the tuned world size "
-                                   f"it was predicted from, an integer 1..{MAX_WORLD_SIZE}, "
-                                   f"got {src!r}")
         try:
             validate(merged(data, sec), f"{where}")
         except ProfileError as exc:

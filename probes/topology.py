@@ -13,18 +13,17 @@ becomes ``None``, a NIC whose speed reads -1 has ``speed_mbps`` ``None``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import math
 import re
-import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._sysfs import format_cpulist
+from .records import RecordError, declare, load, show
 
 FORMAT = "ringtune-topology"
 VERSION = 1
@@ -43,12 +42,37 @@ class TopologyError(ValueError):
     """A topology file or record is malformed; the message names the file and the key."""
 
 
+#: Largest CPU number in a CPU list (Linux's NR_CPUS is at most 8192 today): a range such as
+#: ``0-1000000000`` would otherwise expand to a billion numbers.
+MAX_CPUS = 1 << 16
+#: Size caps of a topology record, each list's checked before any of its entries is read
+#: (so a refusal costs no more than counting): a world of 8,192 ranks on up to 1,024 hosts,
+#: each with at most 64 GPUs (a DGX has 8-16), 64 NUMA nodes, 256 network ports and 4,096
+#: PCI devices. ``ringtune probe`` prints a GPU matrix per host: with the GPU cap its output
+#: is linear in the hosts. A file is at most ``MAX_FILE_BYTES`` and ``MAX_FILE_VALUES``
+#: values (counted while parsing: a 100,000-rank file is refused partway).
+MAX_RANKS = 1 << 13
+MAX_HOSTS = 1 << 10
+MAX_GPUS_PER_HOST = 64
+MAX_NUMA_NODES = 64
+MAX_NICS = 256
+MAX_PCI_DEVICES = 4096
+MAX_FILE_BYTES = 4 << 20
+MAX_FILE_VALUES = 1 << 17
+_CAP = "is this the right file?"
+
+
+def _cpus(default: Any = ()) -> Any:
+    """A CPU list: numbers below ``MAX_CPUS``, or their text as sysfs writes it."""
+    return declare(default, le=MAX_CPUS - 1, text=lambda text, where: _cpu_list(text, where))
+
+
 @dataclass(frozen=True)
 class NumaNode:
     """A NUMA node: its CPUs and its distances to every node (in ``Host.numa`` order)."""
 
     id: int
-    cpus: tuple[int, ...] = ()
+    cpus: tuple[int, ...] = _cpus()
     distances: tuple[int, ...] = ()
     memory_mb: int | None = None
 
@@ -95,7 +119,7 @@ class Gpu:
     memory_bytes: int | None = None
     bus_id: str | None = None
     numa_node: int | None = None
-    cpus: tuple[int, ...] = ()
+    cpus: tuple[int, ...] = _cpus()
     pcie_gen: int | None = None
     pcie_width: int | None = None
     pcie_max_gen: int | None = None
@@ -110,7 +134,7 @@ class GpuPair:
 
     a: int
     b: int
-    level: str | None = None
+    level: str | None = declare(None, choices=PCIE_LEVELS)
     nvlinks: int = 0
     p2p_read: str | None = None
     p2p_write: str | None = None
@@ -127,7 +151,7 @@ class Nic:
     """A network port: Ethernet interface, InfiniBand port or RoCE port."""
 
     name: str
-    kind: str = "other"
+    kind: str = declare("other", choices=NIC_KINDS)
     speed_mbps: int | None = None
     state: str | None = None
     mtu: int | None = None
@@ -147,11 +171,12 @@ class Host:
     sockets: int | None = None
     cores: int | None = None
     cpus: int | None = None
-    numa: tuple[NumaNode, ...] = ()
-    gpus: tuple[Gpu, ...] = ()
-    gpu_pairs: tuple[GpuPair, ...] = ()
-    nics: tuple[Nic, ...] = ()
-    pci: tuple[PciDevice, ...] = ()
+    numa: tuple[NumaNode, ...] = declare((), max_items=MAX_NUMA_NODES, why=_CAP)
+    gpus: tuple[Gpu, ...] = declare((), max_items=MAX_GPUS_PER_HOST, noun="GPUs", why=_CAP)
+    gpu_pairs: tuple[GpuPair, ...] = declare(
+        (), max_items=MAX_GPUS_PER_HOST * (MAX_GPUS_PER_HOST - 1) // 2, why=_CAP)
+    nics: tuple[Nic, ...] = declare((), max_items=MAX_NICS, why=_CAP)
+    pci: tuple[PciDevice, ...] = declare((), max_items=MAX_PCI_DEVICES, why=_CAP)
     gpu_source: str | None = None
 
     def gpu_pair(self, a: int, b: int) -> GpuPair | None:
@@ -204,23 +229,27 @@ class RankPlace:
 class Links:
     """Measured point-to-point links between ranks (``None`` on the diagonal)."""
 
-    bandwidth_gbps: tuple[tuple[float | None, ...], ...] = ()
-    latency_us: tuple[tuple[float | None, ...], ...] = ()
+    bandwidth_gbps: tuple[tuple[float | None, ...], ...] = declare(
+        (), max_items=MAX_RANKS, noun="rows", why=_CAP)
+    latency_us: tuple[tuple[float | None, ...], ...] = declare(
+        (), max_items=MAX_RANKS, noun="rows", why=_CAP)
     message_bytes: int = 0
     small_bytes: int = 0
     repetitions: int = 0
     #: Per-flow bandwidth (GB/s) of the pairs timed all at once between two groups of
     #: ranks (two hosts, two racks: ``probes.links.measure``): how much concurrent flows
     #: of one group share its links. ``None`` where not measured; empty: never measured.
-    concurrent_gbps: tuple[tuple[float | None, ...], ...] = ()
+    concurrent_gbps: tuple[tuple[float | None, ...], ...] = declare(
+        (), max_items=MAX_RANKS, noun="rows", why=_CAP)
 
 
 @dataclass(frozen=True)
 class Topology:
     """Hosts, rank layout and (optionally) measured links of one MPI world."""
 
-    hosts: tuple[Host, ...] = ()
-    ranks: tuple[RankPlace, ...] = ()
+    hosts: tuple[Host, ...] = declare((), required=True, min_items=1, max_items=MAX_HOSTS,
+                                      noun="hosts", why="one entry per host")
+    ranks: tuple[RankPlace, ...] = declare((), max_items=MAX_RANKS, noun="ranks", why=_CAP)
     links: Links | None = None
     source: str = "detected"
     #: Scores and ring orders computed from the (immutable) facts; not part of equality.
@@ -478,37 +507,7 @@ def _to_data(obj: Any, name: str = "") -> Any:
     return obj
 
 
-#: Largest CPU number in a CPU list (Linux's NR_CPUS is at most 8192 today): a range such as
-#: ``0-1000000000`` would otherwise expand to a billion numbers.
-MAX_CPUS = 1 << 16
-MAX_INT = (1 << 63) - 1
-#: Size caps of a topology record, checked on the plain data before any entry is converted
-#: (so a refusal costs no more than counting): a world of 8,192 ranks on up to 1,024 hosts,
-#: each with at most 64 GPUs (a DGX has 8-16), 64 NUMA nodes, 256 network ports and 4,096
-#: PCI devices. ``ringtune probe`` prints a GPU matrix per host: with the GPU cap its output
-#: is linear in the hosts. A file is at most ``MAX_FILE_BYTES`` and ``MAX_FILE_VALUES``
-#: values (counted while parsing: a 100,000-rank file is refused partway).
-MAX_RANKS = 1 << 13
-MAX_HOSTS = 1 << 10
-MAX_GPUS_PER_HOST = 64
-MAX_NUMA_NODES = 64
-MAX_NICS = 256
-MAX_PCI_DEVICES = 4096
-MAX_FILE_BYTES = 4 << 20
-MAX_FILE_VALUES = 1 << 17
-#: (key path under a host, cap) checked by ``_check_sizes``.
-_HOST_LISTS = (("gpus", MAX_GPUS_PER_HOST),
-               ("gpu_pairs", MAX_GPUS_PER_HOST * (MAX_GPUS_PER_HOST - 1) // 2),
-               ("numa", MAX_NUMA_NODES), ("nics", MAX_NICS), ("pci", MAX_PCI_DEVICES))
 _FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
-
-
-def _short(value: Any) -> str:
-    """A value for a message: collections by their type, long text cut."""
-    if isinstance(value, (dict, list, tuple)):
-        return type(value).__name__
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _cpu_list(text: str, where: str) -> tuple[int, ...]:
@@ -522,97 +521,20 @@ def _cpu_list(text: str, where: str) -> tuple[int, ...]:
     for part in body.split(","):
         part = part.strip()
         if not part:
-            raise TopologyError(f"{where}: {_short(text)} has an empty part; write CPUs as "
+            raise TopologyError(f"{where}: {show(text)} has an empty part; write CPUs as "
                                 "0-3,8 (numbers and ranges, one comma between)")
         lo, sep, hi = part.partition("-")
         try:
             first = int(lo)
             last = int(hi) if sep else first
         except ValueError:
-            raise TopologyError(f"{where}: {_short(part)} is not a CPU number or a range such "
+            raise TopologyError(f"{where}: {show(part)} is not a CPU number or a range such "
                                 "as 0-3") from None
         if not 0 <= first <= last < MAX_CPUS:
-            raise TopologyError(f"{where}: CPU range {_short(part)}: expected 0 ≤ first ≤ last "
+            raise TopologyError(f"{where}: CPU range {show(part)}: expected 0 ≤ first ≤ last "
                                 f"< {MAX_CPUS}")
         cpus.update(range(first, last + 1))
     return tuple(sorted(cpus))
-
-
-def _type_name(tp: Any) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(
-        tp, getattr(tp, "__name__", str(tp)))
-
-
-def _convert(tp: Any, value: Any, where: str, name: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        others = [a for a in args if a is not type(None)]
-        return _convert(others[0], value, where, name)
-    if origin is tuple:
-        if name in _CPU_FIELDS and isinstance(value, str):
-            return _cpu_list(value, where)
-        if not isinstance(value, (list, tuple)):
-            raise TopologyError(f"{where}: expected a list, got {_short(value)}")
-        out = tuple(_convert(args[0], v, f"{where}[{i}]", "") for i, v in enumerate(value))
-        if name in _CPU_FIELDS and any(c >= MAX_CPUS for c in out):
-            raise TopologyError(f"{where}: CPU numbers must be below {MAX_CPUS}")
-        return out
-    if dataclasses.is_dataclass(tp):
-        return _record(tp, value, where)
-    # Every number of a topology is a count, an index, a size, a rate or a time: never
-    # negative, never infinite (an infinite bandwidth overflowed the ring-order scores).
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TopologyError(f"{where}: expected a number, got {_short(value)}")
-        try:
-            number = float(value)
-        except OverflowError:
-            number = math.inf
-        if not math.isfinite(number) or number < 0:
-            raise TopologyError(f"{where}: expected a finite number ≥ 0, got {value!r}")
-        return number
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TopologyError(f"{where}: expected an integer, got {_short(value)}")
-        if not 0 <= value <= MAX_INT:
-            raise TopologyError(f"{where}: expected an integer 0..{MAX_INT}, got {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise TopologyError(f"{where}: expected a string, got {_short(value)}")
-        return value
-    raise TopologyError(f"{where}: unsupported field type {_type_name(tp)}")
-
-
-@functools.cache
-def _fields(cls: Any) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
-    """The resolved field types and the public fields of record class ``cls`` (resolved
-    once per class: ``get_type_hints`` per record made 10⁵ ranks take 24 s)."""
-    hints = typing.get_type_hints(cls)
-    return hints, {f.name: f for f in dataclasses.fields(cls) if not f.name.startswith("_")}
-
-
-def _record(cls: Any, data: Any, where: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise TopologyError(f"{where or 'top level'}: expected a mapping of keys, got "
-                            f"{_short(data)}")
-    hints, fields = _fields(cls)
-    unknown = [k for k in data if k not in fields]
-    if unknown:
-        key = f"{where}.{unknown[0]}" if where else str(unknown[0])
-        raise TopologyError(f"{key}: unknown key (expected one of {', '.join(fields)})")
-    kwargs: dict[str, Any] = {}
-    for fname, f in fields.items():
-        key = f"{where}.{fname}" if where else fname
-        if fname not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise TopologyError(f"{key}: missing (required)")
-            continue
-        kwargs[fname] = _convert(hints[fname], data[fname], key, fname)
-    return cls(**kwargs)
 
 
 def _check_numa(h: Host, node: int | None, where: str) -> None:
@@ -647,57 +569,34 @@ def _check_host(h: Host, where: str) -> None:
 
 def _from_dict(data: Any) -> Topology:
     if not isinstance(data, Mapping):
-        raise TopologyError(f"top level: expected a mapping with 'hosts', got {_short(data)}")
+        raise TopologyError(f"top level: expected a mapping with 'hosts', got {show(data)}")
     data = dict(data)
     fmt = data.pop("format", FORMAT)
     if fmt != FORMAT:
-        raise TopologyError(f"format: expected {FORMAT!r}, got {_short(fmt)}")
+        raise TopologyError(f"format: expected {FORMAT!r}, got {show(fmt)}")
     version = data.pop("version", VERSION)
     if type(version) is not int or version != VERSION:
-        raise TopologyError(f"version: expected {VERSION}, got {_short(version)} (this ringtune "
+        raise TopologyError(f"version: expected {VERSION}, got {show(version)} (this ringtune "
                             f"reads version {VERSION})")
     # Derived facts, recomputed from the others; what a file says of them is still checked.
     fp = data.pop("fingerprint", None)
     if fp is not None and not (isinstance(fp, str) and _FINGERPRINT_RE.fullmatch(fp)):
         raise TopologyError(f"fingerprint: expected 'sha256:' and 64 lower-case hex digits "
-                            f"(or leave it out: it is recomputed), got {_short(fp)}")
+                            f"(or leave it out: it is recomputed), got {show(fp)}")
     summary = data.pop("summary", None)
     if summary is not None and not isinstance(summary, str):
         raise TopologyError(f"summary: expected a string (or leave it out: it is "
-                            f"recomputed), got {_short(summary)}")
-    if "hosts" not in data:
-        raise TopologyError("hosts: missing (required; a list with one entry per host)")
-    _check_sizes(data)
-    topo = _record(Topology, data, "")
+                            f"recomputed), got {show(summary)}")
+    try:
+        topo = load(Topology, data)
+    except RecordError as exc:
+        raise TopologyError(str(exc)) from None
     _check(topo)
-    return typing.cast(Topology, topo)
-
-
-def _check_sizes(data: Mapping[str, Any]) -> None:
-    """The size caps (``MAX_RANKS`` …), on the plain data before anything is converted."""
-
-    def count(value: Any, key: str, cap: int, what: str) -> None:
-        if isinstance(value, list) and len(value) > cap:
-            raise TopologyError(f"{key}: {len(value)} {what}; at most {cap} (is this the "
-                                "right file?)")
-
-    hosts = data.get("hosts")
-    count(hosts, "hosts", MAX_HOSTS, "hosts")
-    count(data.get("ranks"), "ranks", MAX_RANKS, "ranks")
-    for hi, h in enumerate(hosts if isinstance(hosts, list) else ()):
-        if isinstance(h, Mapping):
-            for key, cap in _HOST_LISTS:
-                count(h.get(key), f"hosts[{hi}].{key}", cap, "entries")
-    links = data.get("links")
-    if isinstance(links, Mapping):
-        for key in ("bandwidth_gbps", "latency_us", "concurrent_gbps"):
-            count(links.get(key), f"links.{key}", MAX_RANKS, "rows")
+    return topo
 
 
 def _check(t: Topology) -> None:
     """Cross-field checks the types alone do not catch."""
-    if not t.hosts:
-        raise TopologyError("hosts: empty (give at least one host)")
     for hi, h in enumerate(t.hosts):
         n = len(h.gpus)
         where = f"hosts[{hi}]"
@@ -706,13 +605,6 @@ def _check(t: Topology) -> None:
             if not (0 <= p.a < n and 0 <= p.b < n and p.a != p.b):
                 raise TopologyError(f"hosts[{hi}].gpu_pairs[{pi}]: GPUs {p.a},{p.b} are not "
                                     f"two different GPUs of the {n} listed")
-            if p.level is not None and p.level not in PCIE_LEVELS:
-                raise TopologyError(f"hosts[{hi}].gpu_pairs[{pi}].level: expected one of "
-                                    f"{', '.join(PCIE_LEVELS)}, got {p.level!r}")
-        for ni, nic in enumerate(h.nics):
-            if nic.kind not in NIC_KINDS:
-                raise TopologyError(f"hosts[{hi}].nics[{ni}].kind: expected one of "
-                                    f"{', '.join(NIC_KINDS)}, got {nic.kind!r}")
     for i, place in enumerate(t.ranks):
         if place.rank != i:
             raise TopologyError(f"ranks[{i}].rank: expected {i} (ranks listed in order), "
