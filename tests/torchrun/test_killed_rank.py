@@ -31,7 +31,8 @@ def test_a_killed_rank_ends_the_job_naming_it() -> None:
            and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "3", "--monitor-interval", str(MONITOR_S), str(WORKER), "multiring"], capture_output=True, text=True, timeout=240, env=env)
+         "3", "--monitor-interval", str(MONITOR_S), str(WORKER), "multiring"],
+        capture_output=True, text=True, timeout=240, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     assert "went unnoticed" not in out, out[-3000:]
