@@ -73,11 +73,27 @@ def _my_address() -> str:
         return "127.0.0.1"
 
 
+def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits (1,797 8x8 images), read from the file it ships: what
+    ``sklearn.datasets.load_digits(return_X_y=True)`` returns, without importing
+    scikit-learn (seconds of CPU per rank, more than the rest of a short job)."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("train_digits: scikit-learn is not installed (it ships the digits "
+                         "data set): pip install 'ringtune[torch]'")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "datasets", "data",
+                        "digits.csv.gz")
+    with gzip.open(path, "rt") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1], data[:, -1].astype(np.int64)
+
+
 def digits(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Standardised digits, 80/20 train/test split with a fixed seed."""
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
+    x, y = _load_digits()
     x = (x - x.mean(0)) / (x.std(0) + 1e-6)
     order = np.random.default_rng(seed).permutation(len(x))
     cut = int(0.8 * len(x))

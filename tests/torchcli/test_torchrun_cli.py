@@ -160,3 +160,17 @@ def test_ringtune_group_again_after_destroy(tmp_path: Path) -> None:
     res = torchrun([sys.executable, str(script)])
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.count("TWICE OK") == 2
+
+
+def test_example_reads_scikit_learns_digits_without_importing_it() -> None:
+    """The example reads the digits file scikit-learn ships (importing scikit-learn cost
+    each rank seconds): the same arrays as ``load_digits``, and no sklearn module loaded."""
+    code = ("import sys; sys.path.insert(0, 'examples'); import train_digits as t; "
+            "x, y = t._load_digits(); import numpy as np; "
+            "assert not [m for m in sys.modules if m.startswith('sklearn')]; "
+            "from sklearn.datasets import load_digits; a, b = load_digits(return_X_y=True); "
+            "assert x.shape == (1797, 64) and np.array_equal(x, a) and np.array_equal(y, b); "
+            "assert y.dtype == b.dtype; print('SAME')")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0 and "SAME" in res.stdout, res.stderr[-2000:]
