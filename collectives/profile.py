@@ -50,8 +50,8 @@ LIBRARY_KEYS = ("name", "version")
 LIBRARY_OPTIONAL_KEYS = ("nccl",)
 #: ``engine``: the distributed engine the profile was tuned over (``collectives.engines``)
 #: and its backend (the MPI library, or the process group's: ``gloo``,
-#: ``cpu:gloo,cuda:nccl``) and version; a profile without it was tuned over MPI.
-ENGINE_NAMES = ("mpi", "torch")
+#: ``cpu:gloo,cuda:nccl``) and version; a profile without it was tuned over MPI. Its
+#: ``name`` is one of the engine registry's (``collectives.engines.engine_names``).
 ENGINE_KEYS = ("name",)
 ENGINE_OPTIONAL_KEYS = ("backend", "version")
 MEASURED_KEYS = ("bytes", "busbw_gbps", "time_us", "native_busbw_gbps", "native_time_us",
@@ -446,7 +446,9 @@ def _library(v: _Validator, value: Any) -> None:
 def _engine(v: _Validator, value: Any) -> None:
     rec = v.mapping(value, "engine")
     v.keys(rec, "engine", ENGINE_KEYS, ENGINE_OPTIONAL_KEYS)
-    v.choice(rec["name"], "engine.name", ENGINE_NAMES)
+    from .engines import engine_names
+
+    v.choice(rec["name"], "engine.name", engine_names())
     for key in ENGINE_OPTIONAL_KEYS:
         if key in rec:
             v.string(rec[key], f"engine.{key}")

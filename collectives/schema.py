@@ -24,8 +24,8 @@ from typing import Any
 from .algorithms import get_algorithm
 from .algorithms.native import COMPOSITIONS
 from .algorithms.registry import user_algorithm_names
+from .engines import engine_names
 from .profile import (
-    ENGINE_NAMES,
     FORMAT,
     LIBRARY_KEYS,
     MAX_RULE_BYTES,
@@ -184,7 +184,7 @@ def profile_schema() -> dict[str, Any]:
             "engine": {"description": "the distributed engine the profile was tuned over "
                                       "(absent: mpi) and its backend and version",
                        "type": "object", "required": ["name"], "additionalProperties": False,
-                       "properties": {"name": {"enum": list(ENGINE_NAMES)},
+                       "properties": {"name": {"enum": sorted(engine_names())},
                                       "backend": {"type": "string"},
                                       "version": {"type": "string"}}},
             "extra": {"type": ["object", "null"]},

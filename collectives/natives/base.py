@@ -4,7 +4,8 @@ Use ``current()`` to get the module of the library mpi4py loaded (``mpich``, ``o
 ``Unknown`` for any other: the library's default allreduce only, said once); ``for_name``
 for the library a profile recorded. Each library's module registers itself with
 ``@register``; ``native.py``, the tuner and ``ringtune export`` ask it instead of naming a
-library. Adding a library is one module here (and one import in ``__init__``).
+library. Adding a library is one module here (and one import in ``__init__``), or a
+plug-in module outside the tree (``collectives.plugins``), loaded for a name not known.
 """
 
 from __future__ import annotations
@@ -109,8 +110,14 @@ def register(cls: type[NativeLibrary]) -> type[NativeLibrary]:
 
 def for_name(name: str, version: str = "") -> NativeLibrary:
     """The module of library ``name`` (a profile's ``library.name``); an unknown name
-    gets the default-only ``NativeLibrary``."""
-    cls = _REGISTRY.get(name, NativeLibrary)
+    gets the default-only ``NativeLibrary`` (after the plug-ins had their chance to
+    register a module for it: ``collectives.plugins``)."""
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        from ..plugins import load as load_plugins
+
+        load_plugins()
+        cls = _REGISTRY.get(name, NativeLibrary)
     return cls(name, version)
 
 
