@@ -52,7 +52,9 @@ def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[Buck
     n = runtime.size
     nbytes = s.nbytes
     count = nbytes // itemsize(opts.dtype)
-    backend = opts.backend if opts.backend in ("numpy", "cupy") else "numpy"
+    from collectives.registry import backend_names
+
+    backend = opts.backend if opts.backend in backend_names() else "numpy"  # auto: host
 
     def check(c: Config) -> bool:
         return check_allreduce(runtime, count, opts.dtype, opts.op, c.algorithm,

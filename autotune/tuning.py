@@ -168,7 +168,18 @@ def _write_if_changed(profile: dict[str, Any], path: str) -> tuple[str, bool]:
     return write_profile(profile, path), True
 
 
-BACKENDS = ("auto", "numpy", "cupy")
+#: The backend whose buffers live on GPUs and whose transports the tuner searches (the GPU
+#: plug-in's); any other registered backend is tuned over its default transport.
+GPU_BACKEND = "cupy"
+
+
+def tunable_backends() -> list[str]:
+    """``--backend`` values: ``auto`` and every registered backend (``collectives.registry``:
+    the built-in ``numpy``, and the plug-ins')."""
+    from collectives.registry import backend_names
+
+    return ["auto", *backend_names()]
+
 
 #: The one-line fix for GPU tuning where CuPy or a GPU is missing.
 CUPY_FIX = ("install the GPU extra (pip install 'ringtune[cuda]') on a machine with an "
@@ -192,11 +203,13 @@ def resolve_backend(comm: Any, asked: str) -> tuple[str, list[str] | None]:
     """``(backend, transports)`` for ``--backend asked`` (collective; the same on every
     rank). ``numpy``: host buffers, nothing probed. ``cupy``: GPU buffers, searched over the
     transports every rank can use (``TuneError`` usage when there are none). ``auto``:
-    ``cupy`` when rank 0 has GPU transports and every rank shares one, else ``numpy``."""
-    if asked not in BACKENDS:
-        raise TuneError(f"--backend {asked!r}: use one of {', '.join(BACKENDS)}", usage=True)
-    if asked == "numpy":
-        return "numpy", None
+    ``cupy`` when rank 0 has GPU transports and every rank shares one, else ``numpy``. Any
+    other registered backend: its buffers over its default transport, nothing probed."""
+    names = tunable_backends()
+    if asked not in names:
+        raise TuneError(f"--backend {asked!r}: use one of {', '.join(names)}", usage=True)
+    if asked not in ("auto", GPU_BACKEND):
+        return asked, None
     from collectives.cuda import available_transports
     from collectives.cuda.detect import cupy_status
 

@@ -1017,9 +1017,12 @@ def _base_document(comm: Any) -> dict[str, Any]:
         with contextlib.suppress(Exception):
             topo["fingerprint"] = t.fingerprint()
             topo["summary"] = " ".join(str(t.summary()).split())[:200]
+    from .registry import user_transport_names
+
+    # A test-only transport (the in-process ``inproc``) is no profile's: written as mpi.
+    transport = prof.transport if prof.transport in user_transport_names() else "mpi"
     data = {"format": "ringtune-profile", "version": 1, "topology": topo,
-            "backend": prof.backend, "transport": prof.transport if prof.transport in (
-                "mpi", "staged", "nccl") else "mpi",
+            "backend": prof.backend, "transport": transport,
             "dtype": prof.dtype, "op": prof.op,
             "rules": [r.to_dict() for r in prof.rules]}
     if comm.engine.name == "mpi":

@@ -21,7 +21,6 @@ from typing import Any, NoReturn
 
 from .atomic import write_text_atomic
 from .errors import ProfileError
-from .profile_format import ENGINE_NAMES as ENGINE_NAMES
 from .profile_format import FINGERPRINT_PATTERN as FINGERPRINT_PATTERN
 from .profile_format import FINGERPRINT_RE as FINGERPRINT_RE
 from .profile_format import FORMAT as FORMAT
@@ -264,6 +263,10 @@ def profile_from_dict(data: Any, name: str = "<profile>",
     backend = _named(name, "backend", rec.backend, backend_names())
     transport = _named(name, "transport", rec.transport, transport_names())
     _check_transport(name, transport, backend, "transport")
+    if rec.engine is not None:
+        from .engines import engine_names
+
+        _named(name, "engine.name", rec.engine.name, engine_names())
     from .natives import tuned_with
 
     # A profile tuned with another MPI library names that library's algorithms (impl).

@@ -13,8 +13,6 @@ VERSION = 1
 
 PROFILE_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 PROFILE_OPS = ("sum", "prod", "min", "max", "avg")
-#: ``engine``: the distributed engine the profile was tuned over (``collectives.engines``).
-ENGINE_NAMES = ("mpi", "torch")
 FINGERPRINT_PATTERN = r"sha256:[0-9a-f]{64}"
 FINGERPRINT_RE = re.compile(FINGERPRINT_PATTERN)
 #: Range bounds: a world of 4 M ranks and messages of 4 EiB are beyond any machine; larger

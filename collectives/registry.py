@@ -4,23 +4,23 @@ Use ``get_backend(name)`` / ``backend_for(buf)`` for a backend and
 ``make_transport(name, comm, backend)`` for a transport. The built-in ones (the ``numpy``
 backend, the ``mpi`` and ``torch`` transports) are registered here. Everything else comes
 from plug-in modules that register their backends and transports (``register_backend``,
-``register_transport``) when they are imported: a name not registered yet makes the
-registry import the plug-ins listed in ``PLUGINS`` once, and a plug-in whose import fails
-registers nothing (as mpi4py's optional backends do). A plug-in module must import
-cheaply: the GPU plug-in loads CuPy only inside its backend's loader, so listing the
-transports never needs a GPU.
+``register_transport``) when they are imported: a name not registered yet, or a list of
+names, makes the registry import the plug-ins once (``collectives.plugins.load``: the
+optional built-in GPU plug-in, installed packages' ``ringtune.plugins`` entry points and
+the site's ``RINGTUNE_PLUGINS``). A plug-in module must import cheaply: the GPU plug-in
+loads CuPy only inside its backend's loader, so listing the transports never needs a GPU.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .backend import NUMPY, Backend, is_gpu_array
+from .plugins import load as load_plugins
+from .plugins import unknown_hint
 from .transport import Transport
 from .transports.mpi import make_mpi_transport
 from .transports.torch import make_torch_transport
@@ -32,10 +32,6 @@ BackendLoader = Callable[[], Backend]
 #: subclass) naming the fix when it cannot serve them.
 TransportFactory = Callable[[Any, Backend], Transport]
 
-#: Plug-in modules, imported on the first name that is not registered yet.
-PLUGINS: tuple[str, ...] = ("collectives.cuda",)
-
-_log = logging.getLogger(__name__)
 _LOADERS: dict[str, BackendLoader] = {}
 _BACKENDS: dict[str, Backend] = {}
 _TRANSPORTS: dict[str, TransportFactory] = {}
@@ -43,7 +39,6 @@ _TRANSPORTS: dict[str, TransportFactory] = {}
 _TRANSPORT_BACKENDS: dict[str, tuple[str, ...]] = {}
 #: Transports registered by tests only (left out of the JSON Schema and of docs).
 _TEST_ONLY: set[str] = set()
-_plugins_loaded = False
 
 
 def register_backend(name: str, loader: BackendLoader) -> None:
@@ -69,19 +64,6 @@ def register_transport(name: str, factory: TransportFactory,
         _TRANSPORT_BACKENDS.pop(name, None)
     else:
         _TRANSPORT_BACKENDS[name] = tuple(backends)
-
-
-def load_plugins() -> None:
-    """Import the plug-in modules once (each registers what it provides)."""
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    for module in PLUGINS:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            _log.debug("plug-in %s not loaded: %s", module, exc)
 
 
 def backend_names() -> list[str]:
@@ -113,9 +95,11 @@ def transport_refusal(transport: str, backend: str) -> str | None:
     device: a loader asks it for any profile on any machine."""
     names = transport_names()
     if transport not in names:
-        return f"unknown transport {transport!r}: use one of {', '.join(names)}"
+        return (f"unknown transport {transport!r}: use one of {', '.join(names)}"
+                f"{unknown_hint()}")
     if backend not in backend_names():
-        return f"unknown backend {backend!r}: use one of {', '.join(backend_names())}"
+        return (f"unknown backend {backend!r}: use one of {', '.join(backend_names())}"
+                f"{unknown_hint()}")
     served = _TRANSPORT_BACKENDS.get(transport)
     if served is not None and backend not in served:
         return (f"transport {transport!r} moves {' and '.join(served)} buffers only, not "
@@ -133,7 +117,8 @@ def get_backend(name: str) -> Backend:
         load_plugins()
     loader = _LOADERS.get(name)
     if loader is None:
-        raise ValueError(f"unknown backend {name!r}: use one of {', '.join(backend_names())}")
+        raise ValueError(f"unknown backend {name!r}: use one of {', '.join(backend_names())}"
+                         f"{unknown_hint()}")
     backend = _BACKENDS[name] = loader()
     return backend
 
@@ -159,7 +144,8 @@ def make_transport(name: str, comm: Any, backend: Backend) -> Transport:
     factory = _TRANSPORTS.get(name)
     if factory is None:
         raise ValueError(
-            f"unknown transport {name!r}: use one of {', '.join(transport_names())}")
+            f"unknown transport {name!r}: use one of {', '.join(transport_names())}"
+            f"{unknown_hint()}")
     return factory(comm, backend)
 
 

@@ -25,6 +25,7 @@ from probes.records import json_schema
 
 from .algorithms import get_algorithm
 from .algorithms.registry import user_algorithm_names
+from .engines import engine_names
 from .natives import all_compositions, libraries
 from .profile import MAX_RULES, VERSION
 from .records import ProfileRecord
@@ -65,6 +66,7 @@ def profile_schema() -> dict[str, Any]:
     names = {"transport": {"$ref": "#/$defs/transport"}, "backend": {"enum": backend_names()},
              "algorithm": {"type": "string", "enum": algorithms},
              "composition": {"type": "string", "enum": list(all_compositions())},
+             "engine": {"type": "string", "enum": sorted(engine_names())},
              "library": {"type": "string", "description": (
                  "the MPI library (its name as it reports it; ringtune has a module for "
                  + ", ".join(c.name for c in libraries()) + ")")}}

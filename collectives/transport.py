@@ -62,6 +62,9 @@ class Transport(ABC):
     #: in flight at once, reached in a different order on different ranks, never take each
     #: other's messages. NCCL matches by order alone: its pieces run one after another.
     interleaves: bool = False
+    #: Whether a rank may send to itself (a batch with its own rank as destination and
+    #: source). Algorithms never do (one rank returns early); gloo has no pair to itself.
+    self_sends: bool = True
 
     def __init__(self, comm: Any, backend: Backend) -> None:
         self.comm = comm

@@ -68,9 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             log_level()  # an unknown level: one line and exit 2, before anything runs
         if os.environ.get("RINGTUNE_PLUGINS"):
-            from collectives.algorithms import algorithm_names
+            from collectives.plugins import load as load_plugins
 
-            algorithm_names()  # a plugin that does not import: one line, exit 2, up front
+            load_plugins()  # a plug-in that does not import: one line, exit 2, up front
         args = build_parser().parse_args(args_list)
         args._argv = args_list  # the verb and its flags, for relaunching under mpiexec
         code = args._run(args)

@@ -10,41 +10,25 @@ or ``unregister(name)`` afterwards, so the registry is clean for the next test.
 
 from __future__ import annotations
 
-import importlib
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
+from ..plugins import ENV as PLUGINS_ENV  # noqa: F401 - re-exported by the package
+from ..plugins import load as load_plugins
+from ..plugins import unknown_hint
 from .base import Algorithm
 
 _REGISTRY: dict[str, type[Algorithm]] = {}
 
-#: Comma-separated modules imported before the registry is first read: each registers its
-#: own ``Algorithm`` subclasses with ``@register`` — a site's own algorithm, or the tests'
-#: deliberately slow ``sleep`` — in every process that has the variable set (all the ranks
-#: of a job or a tuning run). Read lazily, so ``import collectives`` stays light and a bad
-#: name is one clear error of the command that needed the registry.
-PLUGINS_ENV = "RINGTUNE_PLUGINS"
-_plugins: list[Any] = []  # [None] once loaded, [the error] when a plugin failed
+# PLUGINS_ENV (RINGTUNE_PLUGINS) names a site's own plug-in modules (collectives.plugins):
+# each registers its Algorithm subclasses with @register — a site's own algorithm, or the
+# tests' deliberately slow ``sleep`` — in every process that has it set.
 
 
 def _loaded() -> dict[str, type[Algorithm]]:
-    """The registry, with the modules of ``RINGTUNE_PLUGINS`` imported (once)."""
-    if not _plugins:
-        _plugins.append(None)  # before importing: a plugin may itself read the registry
-        for module in filter(None, (m.strip() for m in
-                                    os.environ.get(PLUGINS_ENV, "").split(","))):
-            try:
-                importlib.import_module(module)
-            except Exception as exc:  # noqa: BLE001 - a named plugin's failure is the user's
-                _plugins[0] = ValueError(
-                    f"{PLUGINS_ENV}: cannot import algorithm module {module!r} "
-                    f"({type(exc).__name__}: {exc}); fix the module or its name, or unset "
-                    f"{PLUGINS_ENV}")
-                break
-    if _plugins[0] is not None:
-        raise _plugins[0]
+    """The registry, with every plug-in imported (``collectives.plugins.load``: once; a
+    module of ``RINGTUNE_PLUGINS`` that does not import raises ``PluginError``)."""
+    load_plugins()
     return _REGISTRY
 
 
@@ -79,12 +63,17 @@ def registered(cls: type[Algorithm]) -> Iterator[type[Algorithm]]:
 
 def get_algorithm(name: str) -> type[Algorithm]:
     """The algorithm class called ``name``; ``ValueError`` naming the known ones."""
-    registry = _loaded()
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        pass
+    registry = _loaded()  # a name not registered yet: a plug-in's, perhaps
     try:
         return registry[name]
     except (KeyError, TypeError):
         known = ", ".join(sorted(registry))
-        raise ValueError(f"unknown algorithm {name!r}: use one of {known}") from None
+        raise ValueError(f"unknown algorithm {name!r}: use one of {known}"
+                         f"{unknown_hint()}") from None
 
 
 def algorithm_names() -> list[str]:

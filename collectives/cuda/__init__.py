@@ -12,7 +12,7 @@ NCCL or NVML only when called. So
 Entry points:
 
 - ``CupyBackend`` — array ops and CUDA reduction kernels on a dedicated stream;
-- ``make_gpu_transport(name, comm, backend)`` — ``staged`` or ``nccl``;
+- ``make_gpu_transport(name, comm, backend)`` — a transport that moves GPU buffers;
 - ``default_gpu_transport()`` — the transport used when none is named;
 - ``available_transports(comm=None)`` — GPU transports usable here (the tuner passes its
   communicator so that ``nccl`` is decided from every rank's bound GPU);
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..backend import Backend
 from ..registry import register_backend
 from ..transport import Transport
+from . import nccl, staged  # noqa: F401 - each registers its transport when imported
 from .availability import (
     available_transports,
     default_gpu_transport,
@@ -37,16 +38,10 @@ from .availability import (
 from .binding import DeviceBinding, bind_device, current_binding
 from .detect import cuda_aware_mpi, cuda_aware_reason, nccl_status
 from .errors import GpuError
-from .nccl import make_nccl_transport
 from .peers import require_gpu_backend
-from .staged import make_staged_transport
 
 if TYPE_CHECKING:
     from .backend import CupyBackend
-
-#: GPU transport names, in order of preference when several are available.
-GPU_TRANSPORTS: tuple[str, ...] = ("nccl", "mpi", "staged")
-
 
 def __getattr__(name: str) -> Any:
     # CupyBackend lives in a module that imports CuPy at its top; load it on first access
@@ -60,15 +55,17 @@ def __getattr__(name: str) -> Any:
 
 
 def make_gpu_transport(name: str, comm: Any, backend: Any) -> Transport:
-    """A GPU transport (``staged`` or ``nccl``) over ``comm`` for ``backend``'s buffers.
+    """A transport that moves GPU buffers (``staged``, ``nccl``, CUDA-aware ``mpi``: the
+    registry's ``transports_for("cupy")``) over ``comm`` for ``backend``'s buffers.
     Collective over ``comm`` (the set-up agrees on what every rank can do). Raises
     ``GpuError`` naming the rank and the fix when the transport cannot work here."""
-    factories = {"staged": make_staged_transport, "nccl": make_nccl_transport}
-    if name not in factories:
-        require_gpu_backend(name, backend)
-        raise ValueError(f"unknown GPU transport {name!r}: use one of "
-                         f"{', '.join(GPU_TRANSPORTS)}")
-    return factories[name](comm, backend)
+    from ..registry import make_transport, transports_for, user_transport_names
+
+    require_gpu_backend(name, backend)
+    names = [t for t in transports_for("cupy") if t in user_transport_names()]
+    if name not in names:
+        raise ValueError(f"unknown GPU transport {name!r}: use one of {', '.join(names)}")
+    return make_transport(name, comm, backend)
 
 
 def _load_cupy_backend() -> Backend:
@@ -91,7 +88,6 @@ __all__ = [
     "CupyBackend",
     "DeviceBinding",
     "GpuError",
-    "GPU_TRANSPORTS",
     "available_transports",
     "gpus_shared_here",
     "gpu_record",

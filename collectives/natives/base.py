@@ -7,7 +7,8 @@ cost model's cluster names (``Cluster.native_model``); ``libraries()`` for every
 schema's compositions, ``collectives.mpit.library``'s names, the export formats). Each
 library's module registers itself with ``@register``; ``native.py``, the cost model, the
 calibration, the schema, the tuner and ``ringtune export`` ask it instead of naming a
-library. Adding a library is one module here (and one import in ``__init__``).
+library. Adding a library is one module here (and one import in ``__init__``), or a
+plug-in module outside the tree (``collectives.plugins``), loaded for a name not known.
 
 The cost model's side: ``cost(model, params, sizes)`` is ``native``'s time with those
 parameters, ``default_cost`` the library's own allreduce on a sub-communicator. ``model``
@@ -213,14 +214,17 @@ def register(cls: type[NativeLibrary]) -> type[NativeLibrary]:
 
 
 def libraries() -> list[type[NativeLibrary]]:
-    """Every registered library's class, in registration order."""
+    """Every registered library's class, in registration order (plug-ins loaded first)."""
+    from ..plugins import load as load_plugins
+
+    load_plugins()
     return list(_REGISTRY.values())
 
 
 def all_compositions() -> tuple[str, ...]:
     """Every registered library's compositions (``auto`` first): what a profile may name."""
     out = [DEFAULT]
-    for cls in _REGISTRY.values():
+    for cls in libraries():
         out += [c for c in cls.compositions if c not in out]
     return tuple(out)
 
@@ -241,8 +245,14 @@ def cost_models() -> tuple[str, ...]:
 
 def for_name(name: str, version: str = "") -> NativeLibrary:
     """The module of library ``name`` (a profile's ``library.name``); an unknown name
-    gets the default-only ``NativeLibrary``."""
-    cls = _REGISTRY.get(name, NativeLibrary)
+    gets the default-only ``NativeLibrary`` (after the plug-ins had their chance to
+    register a module for it: ``collectives.plugins``)."""
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        from ..plugins import load as load_plugins
+
+        load_plugins()
+        cls = _REGISTRY.get(name, NativeLibrary)
     return cls(name, version)
 
 

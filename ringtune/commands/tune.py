@@ -61,10 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a non-native choice must beat native by this fraction (default 0.03)")
     p.add_argument("--algorithms", default=None, metavar="LIST",
                    help="comma-separated algorithms to search (default: all registered)")
-    p.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"),
+    p.add_argument("--backend", default="auto", metavar="NAME",
                    help="where the tuned buffers live: numpy (host), cupy (GPU; also searches "
-                        "the GPU transports every rank can use), or auto (default: cupy when "
-                        "rank 0 has a GPU transport, else numpy)")
+                        "the GPU transports every rank can use), a plug-in's backend, or auto "
+                        "(default: cupy when rank 0 has a GPU transport, else numpy)")
     p.add_argument("--dtype", default="float32", help="element type tuned (default float32)")
     p.add_argument("--op", default="sum", help="reduction op tuned (default sum)")
     p.add_argument("--workload", default=None, metavar="FILE",

@@ -1,0 +1,41 @@
+"""The transport contract (``tests/transport_contract.py``) over the ``torch`` engine,
+under torchrun: every registered user transport the engine runs on host buffers (asked of
+the registries: ``torch``, over gloo), each check on the world group (and its ``Dup()`` and
+``Split()``: gloo groups of ringtune's own). Transports this runner cannot run are skipped
+with the reason and the runner that tests them (``-rs``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .. import transport_contract as tc
+from .conftest import agree, world
+
+TRANSPORTS = tc.runnable("torch", "numpy")
+RUN = [(name, check) for name, why in TRANSPORTS if not why for check in tc.CHECKS]
+LEFT = [(name, why) for name, why in TRANSPORTS if why]
+
+
+@pytest.mark.parametrize("name,check", RUN, ids=[f"{n}-{c}" for n, c in RUN])
+def test_transport_contract(name: str, check: str) -> None:
+    setup = tc.Setup(transport=name)
+    why = tc.not_run(world(), setup, check)
+    if why:
+        pytest.skip(why)
+    fails: list[Any] = []
+    try:
+        fails = tc.CHECKS[check](world(), setup)
+    except Exception as exc:  # noqa: BLE001 - every rank must reach agree()
+        fails = [f"{name}: {check}: {type(exc).__name__}: {exc}"]
+    agree(fails)
+
+
+@pytest.mark.parametrize("name,why", LEFT, ids=[n for n, _ in LEFT])
+def test_transport_left_to_another_runner(name: str, why: str) -> None:
+    pytest.skip(why)
+
+
+def test_the_torch_transport_is_among_those_run() -> None:
+    agree([] if ("torch", "") in TRANSPORTS else [f"torch not runnable: {TRANSPORTS}"])
