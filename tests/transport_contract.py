@@ -222,8 +222,13 @@ def check_test_and_waits(world: Any, setup: Setup, count: int = 4099,
             fails.append(f"{name}: an empty batch does not test complete")
         if not talks(t):
             return fails
+        # The buffers those batches sent from stay referenced to the end: on a transport
+        # whose batches run on a stream, wait() orders later stream work after the send
+        # but does not block the host, so a freed buffer could be reallocated and filled
+        # (below, with the tag-12 message) before the stream has sent it.
+        keep: list[Any] = []
         if t.size > 1:
-            fails += _separate_batches(world, t, setup, count, poll_s)
+            fails += _separate_batches(world, t, setup, count, poll_s, keep)
         # wait_recv on a batch with sends: the data is usable; the sends finish in wait().
         got2 = setup.upload(np.zeros(count, np.int32))
         sent = setup.upload(_message(t.rank, 12, 0, count))
@@ -235,11 +240,13 @@ def check_test_and_waits(world: Any, setup: Setup, count: int = 4099,
         both.wait()  # twice: harmless
         if t.interleaves and not both.test():
             fails.append(f"{name}: test() false after wait()")
+        setup.download(got2)  # the stream has done every batch: the buffers may go
+        del keep
     return fails
 
 
 def _separate_batches(world: Any, t: Any, setup: Setup, count: int,
-                      poll_s: float) -> list[str]:
+                      poll_s: float, keep: list[Any]) -> list[str]:
     """Rank 0 posts a receive alone; rank 1 sends its message in a batch of its own only
     after rank 0 tested: ``test`` must not claim it early, and on a polling transport must
     turn true by itself. (One direction only: on a transport whose batches run in order on
@@ -254,6 +261,7 @@ def _separate_batches(world: Any, t: Any, setup: Setup, count: int,
     world.allgather(None)  # rank 0 has tested before rank 1 sends
     if t.rank == 1:
         sent = setup.upload(_message(1, 11, 0, count))
+        keep.append(sent)
         send = t.start([(sent, 0, 11)], [])
         send.wait()
         if t.interleaves and not send.test():
