@@ -36,8 +36,9 @@ def _alive(pid: int) -> bool:
 
 
 #: The process that starts a host's ranks, by its ``comm``: Hydra's proxy (mpiexec) or the
-#: torchrun agent (``ringtune emulate --launcher torchrun``).
-RANK_PARENTS = (b"hydra_pmi_proxy", b"torchrun")
+#: torchrun agent (``ringtune emulate --launcher torchrun``; torch renames its process
+#: ``pt_elastic``).
+RANK_PARENTS = (b"hydra_pmi_proxy", b"torchrun", b"pt_elastic")
 
 
 def _is_rank(pid: int, parents: tuple[bytes, ...] = RANK_PARENTS) -> bool:

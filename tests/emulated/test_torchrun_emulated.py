@@ -1,0 +1,121 @@
+"""``ringtune emulate --launcher torchrun``: a torchrun job across emulated hosts, one
+torchrun agent per host inside its namespace (needs torch: run with .venv-torch's python,
+``make torch-test``). On 2 hosts x 2 ranks: the contract of every algorithm over the torch
+engine with the ranks on two hosts; DDP over ``init_process_group("ringtune")`` tracking DDP
+over gloo; online tuning settling on the tier-aware grid for a large message; a killed rank
+ending the job in bounded time with the rank named; and the bad input of the option."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import RINGTUNE, ROOT, cluster, emulate, last_json
+
+pytest.importorskip("torch")
+
+WORKER = "tests/emulated/torch_worker.py"
+TORCHRUN = ("--launcher", "torchrun")
+
+
+def _ok(res: subprocess.CompletedProcess[str], what: str) -> dict:
+    assert res.returncode == 0, f"{what}:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    out = last_json(res.stdout)
+    assert out["fails"] == [], "\n".join(out["fails"])
+    return out
+
+
+def test_contract_across_two_hosts() -> None:
+    out = _ok(emulate("2x2", [WORKER, "contract"], *TORCHRUN, timeout=240), "contract")
+    assert out["hosts"] == ["emu0", "emu0", "emu1", "emu1"]  # block placement, 2 hosts
+    assert out["engine"] == "torch"
+    assert {"hierarchical", "multiring", "native", "rhd"} <= set(out["algorithms"])
+    assert out["dims"] == [2, 2]  # hierarchical's default grid: ranks per host x hosts
+
+
+def _hierarchical_profile(path: Path) -> Path:
+    """A profile for the torch engine on 2 x 2 that runs the tier-aware grid at every size
+    (so that DDP's buckets go through ringtune's own algorithm, not gloo's allreduce)."""
+    data = {"format": "ringtune-profile", "version": 1,
+            "engine": {"name": "torch", "backend": "gloo"},
+            "topology": {"world_size": 4, "hosts": 2, "ranks_per_host": 2,
+                         "summary": "2 hosts x 2 ranks, cpu"},
+            "backend": "numpy", "transport": "torch", "dtype": "float32", "op": "sum",
+            "rules": [{"min_bytes": 0, "max_bytes": None, "algorithm": "hierarchical",
+                       "params": {"dims": [2, 2]}}]}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_ddp_over_the_ringtune_backend_tracks_gloo(tmp_path: Path) -> None:
+    env = dict(os.environ, RINGTUNE_PROFILE=str(_hierarchical_profile(tmp_path / "h.yaml")))
+    out = _ok(emulate("2x2", [WORKER, "ddp", "12"], *TORCHRUN, timeout=240, env=env), "ddp")
+    assert out["backend"] == "ringtune" and out["steps"] == 12
+    assert out["hosts"] == ["emu0", "emu0", "emu1", "emu1"]
+    assert out["algorithms"] == ["hierarchical"]
+
+
+def test_online_tuning_settles_on_the_tier_aware_grid() -> None:
+    count = 2 << 20  # 8 MiB of float32: the 1 Gbit/s uplinks dominate
+    out = _ok(emulate("2x2", [WORKER, "online", str(count)], *TORCHRUN, timeout=240), "online")
+    choice = out["settled"][str(count)]
+    assert choice["algorithm"] == "hierarchical", choice
+    assert choice["params"]["dims"] == [2, 2], choice
+
+
+def test_a_killed_rank_ends_the_job_naming_it(tmp_path: Path) -> None:
+    """Rank 1 (on emu0) SIGKILLs itself between two allreduces: the job ends, its status is
+    not 0, and emulate's line names the host, its ranks and rank 1."""
+    env = dict(os.environ, RINGTUNE_STALL_TIMEOUT="5")
+    t0 = time.monotonic()
+    res = emulate("2x2", ["tests/torchrun/killed_worker.py", "multiring"], *TORCHRUN,
+                  timeout=180, env=env)
+    took = time.monotonic() - t0
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out[-3000:]
+    assert "went unnoticed" not in out, out[-3000:]
+    assert "first allreduce done" in out, out[-3000:]  # it was killed mid-job, not at start
+    assert ("host emu0 (10." in res.stderr and "ranks 0, 1): a rank there ended first "
+            "(rank 1)" in res.stderr), res.stderr[-3000:]
+    assert took < 150, f"the job took {took:.0f} s to end"
+
+
+def _bad(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*RINGTUNE, "emulate", "--cluster", cluster("2x2"), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_round_robin_is_refused_with_torchrun() -> None:
+    res = _bad(*TORCHRUN, "--placement", "round-robin", "--", WORKER, "contract")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--placement round-robin" in lines[0] \
+        and "--placement block" in lines[0], res.stderr
+
+
+def test_a_missing_script_or_command_is_one_line() -> None:
+    for cmd in (["tests/emulated/no_such_worker.py"], ["no-such-program-here"]):
+        res = _bad(*TORCHRUN, "--", *cmd)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and cmd[0] in lines[0], res.stderr
+
+
+def test_torchrun_missing_is_one_line_naming_the_extra(tmp_path: Path) -> None:
+    """An interpreter with no torchrun beside it and none on PATH (a venv of its own)."""
+    venv = tmp_path / "venv"
+    os.makedirs(venv / "bin")
+    os.symlink(sys.executable, venv / "bin" / "python")
+    env = dict(os.environ, PATH=f"{venv / 'bin'}:/usr/bin:/bin",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    res = subprocess.run([str(venv / "bin" / "python"), "-m", "ringtune.cli", "emulate",
+                          "--cluster", cluster("2x2"), *TORCHRUN, "--", WORKER, "contract"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert "torchrun" in lines[0] and "ringtune[torch]" in lines[0], res.stderr
