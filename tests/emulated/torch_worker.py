@@ -14,7 +14,6 @@ rank (``fails``: lines naming the rank), never asserted on one rank alone.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import socket
 import sys
@@ -43,7 +42,6 @@ def report(world: Any, fails: list[str], **result: Any) -> None:
 def contract() -> None:
     from collectives import Communicator
     from collectives.engines.torch import TorchComm
-
     from tests import contract as suite
 
     dist.init_process_group("gloo", timeout=TIMEOUT)
@@ -68,39 +66,22 @@ def contract() -> None:
 
 
 def ddp(steps: int) -> None:
-    from torch import nn
-    from train_digits import digits, make_model, shard, wrap
+    from train_digits import make_model, wrap
 
     import collectives.torch  # noqa: F401 - registers "ringtune"
     from collectives.engines.torch import TorchComm
+    from tests.ddputil import track
 
     torch.set_num_threads(1)
     dist.init_process_group("ringtune", timeout=TIMEOUT)
     gloo = dist.new_group(backend="gloo", timeout=TIMEOUT)
     world = TorchComm(gloo)
     rank, size = dist.get_rank(), dist.get_world_size()
-    xtr, ytr = digits()[:2]
     ours, ref = make_model(32, 2), make_model(32, 2)
     ddp_ours, _ = wrap(ours, "none", bucket_cap_mb=0.004)  # the default group: ringtune
     ddp_ref, _ = wrap(ref, "none", bucket_cap_mb=0.004, process_group=gloo)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (ddp_ours, ddp_ref)]
-    fails: list[str] = []
-    worst = 0.0
-    for step in range(steps):
-        idx = shard(step, len(xtr), 16, rank, size)
-        for model, opt in zip((ddp_ours, ddp_ref), opts):
-            opt.zero_grad(set_to_none=False)
-            nn.functional.cross_entropy(model(xtr[idx]), ytr[idx]).backward()
-            opt.step()
-        a = torch.cat([p.detach().reshape(-1) for p in ours.parameters()])
-        b = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
-        worst = max(worst, float((a - b).abs().max()))
-        if not torch.allclose(a, b, rtol=1e-4, atol=1e-5):
-            fails.append(f"step {step}: max |ringtune - gloo| = {float((a - b).abs().max())}")
-            break
-        if len(set(world.allgather(hashlib.sha256(a.numpy().tobytes()).hexdigest()))) > 1:
-            fails.append(f"step {step}: parameters differ across ranks")
-            break
+    fails, worst = track(ours, ddp_ours, ref, ddp_ref, steps, rank, size, world.allgather,
+                         "DDP over ringtune")
     from collectives.torch_backend import RingtuneBackendMixin
 
     ring = dist.group.WORLD._get_backend(torch.device("cpu"))
