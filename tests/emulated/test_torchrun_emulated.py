@@ -8,6 +8,7 @@ ending the job in bounded time with the rank named; and the bad input of the opt
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import RINGTUNE, ROOT, cluster, emulate, last_json
+from .conftest import RINGTUNE, ROOT, cluster, emulate, emulate_cmd, last_json
 
 pytest.importorskip("torch")
 
@@ -133,3 +134,43 @@ def test_torchrun_missing_is_one_line_naming_the_extra(tmp_path: Path) -> None:
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert "torchrun" in lines[0] and "ringtune[torch]" in lines[0], res.stderr
+
+
+def test_a_failed_rank_fails_the_job_and_a_clean_one_passes() -> None:
+    """Rank 3 (emu1) exits 5: the job's status is not 0 (torchrun's agent reports a failed
+    worker as 1) and the line names emu1; every rank exiting 0 is a status of 0."""
+    res = emulate("2x2", ["sh", "-c", "exit $((RANK == 3 ? 5 : 0))"], *TORCHRUN, timeout=120)
+    assert res.returncode != 0, res.stderr[-2000:]
+    assert "host emu1 (10." in res.stderr and "ranks 2, 3)" in res.stderr, res.stderr[-2000:]
+    res = emulate("2x2", ["sh", "-c", "test \"$WORLD_SIZE\" = 4"], *TORCHRUN, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_sigterm_tears_the_agents_and_namespaces_down(tmp_path: Path) -> None:
+    """SIGTERM to emulate mid-job: status 143, within seconds, no rank left running (the
+    autouse fixture checks the namespaces)."""
+    # Written then renamed: a file seen is a complete one. ($$$$: torchrun's agent reads
+    # its arguments as string.Template, where $$ is one $.)
+    script = f"echo $$$$ > {tmp_path}/t.$RANK && mv {tmp_path}/t.$RANK {tmp_path}/pid.$RANK " \
+             "&& exec sleep 120"
+    proc = subprocess.Popen(emulate_cmd("2x2", ["sh", "-c", script], *TORCHRUN), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(list(tmp_path.glob("pid.*"))) < 4:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        pids = [int(f.read_text()) for f in tmp_path.glob("pid.*")]
+        assert len(pids) == 4, "the ranks did not start"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # emulate tears down on SIGTERM
+            proc.communicate(timeout=30)
+    assert proc.returncode == 143, err[-2000:]
+    assert time.monotonic() - t0 < 15, "teardown took more than 15 s"
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}")
+                and open(f"/proc/{p}/stat").read().split()[2] != "Z"], "ranks survived"
