@@ -181,9 +181,11 @@ torchbackend-test: $(TORCH_VENV)/.installed
 	done
 	timeout 900 $(TORCH_PY) -m pytest -q -p no:cacheprovider tests/torchcli
 
-# The emulated-host tests that need PyTorch (DDP's gloo group, torchrun agents per host),
-# in .venv-torch; they skip with the reason without root.
-TORCH_EMULATED_TESTS ?= tests/emulated/test_gloo_emulated.py
+# The emulated-host tests that need PyTorch (DDP's gloo group across hosts, and torchrun
+# jobs across them: `ringtune emulate --launcher torchrun`), in .venv-torch; they skip with
+# the reason without root.
+TORCH_EMULATED_TESTS ?= tests/emulated/test_gloo_emulated.py \
+	tests/emulated/test_torchrun_emulated.py
 torch-emulated: $(TORCH_VENV)/.installed
 	timeout $(EMULATED_TIMEOUT) $(TORCH_PY) -m pytest -q -p no:cacheprovider -rs \
 	  $(TORCH_EMULATED_TESTS)

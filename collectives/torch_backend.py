@@ -44,6 +44,7 @@ from __future__ import annotations
 import datetime
 import functools
 import itertools
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -55,6 +56,11 @@ from torch._C._distributed_c10d import _create_work_from_future
 from .launcher import launcher_rank
 
 __all__ = ["BACKEND_NAME", "RingtuneBackendMixin", "python_backends", "register_backend"]
+
+_log = logging.getLogger("ringtune")
+#: Longest wait, in seconds, of ``shutdown``'s barrier (all ranks done with the inner
+#: groups before any frees them); a rank that never arrives costs this, never a hang.
+SHUTDOWN_BARRIER_S = 30.0
 
 #: The name ``init_process_group`` takes (the contract).
 BACKEND_NAME = "ringtune"
@@ -275,12 +281,19 @@ class RingtuneBackendMixin:
         return dist.ProcessGroupNCCL(dist.PrefixStore(f"{self._keys}/{role}/cuda", self._store),
                                      self._rank, self._size, opts)
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"rank {self._rank}: this ringtune process group was destroyed "
+                             "(destroy_process_group); make a new one with "
+                             "init_process_group or new_group")
+
     def _delegate_for(self, kind: str) -> Any:
         """The gloo (``cpu``) or NCCL (``cuda``) group for delegated collectives; the NCCL
         one is made on the first CUDA call (every rank makes the same calls, so every rank
         makes it at the same point)."""
         inner = self._delegates.get(kind)
         if inner is None:
+            self._check_open()
             if kind != "cuda":
                 raise ValueError(f"rank {self._rank}: the ringtune backend moves CPU tensors "
                                  f"(over gloo) and CUDA tensors (over NCCL), not {kind} "
@@ -295,6 +308,7 @@ class RingtuneBackendMixin:
         (CUDA's made on the first CUDA all_reduce)."""
         got = self._comms.get(kind)
         if got is None:
+            self._check_open()
             from .communicator import Communicator
             from .engines.torch import TorchComm
 
@@ -357,15 +371,56 @@ class RingtuneBackendMixin:
         return self._comms["cpu"].comm
 
     def shutdown(self) -> None:
-        """Finish queued all_reduces and free ringtune's communicators (idempotent)."""
+        """``destroy_process_group``'s teardown (idempotent): finish the queued all_reduces
+        and stop the exchange threads, wait until every rank has (a barrier on the gloo
+        delegate, bounded by ``SHUTDOWN_BARRIER_S``), then drop every inner group here, on
+        every rank at the same point.
+
+        Without the barrier and the drop, a rank's inner gloo groups went when Python freed
+        the backend: at the next ``init_process_group`` (the creator's ``_LAST`` held it
+        until then) or during interpreter exit, each rank at its own moment, so a rank tore
+        its gloo pairs down while its peer's were still live (or the peer had exited), and
+        gloo's device thread could meet a pair in a state it enforces against: SIGABRT
+        (``test_ringtune_group_again_after_destroy``, about 1 run in 14)."""
         if self._closed:
             return
         self._closed = True
+        self._close_lanes()
+        cpu = self._delegates.get("cpu")
+        if cpu is not None and self._size > 1:
+            opts = dist.BarrierOptions()
+            opts.timeout = min(self._timeout, datetime.timedelta(seconds=SHUTDOWN_BARRIER_S))
+            try:
+                cpu.barrier(opts).wait()
+            except RuntimeError as exc:  # a peer is gone: nothing left to wait for
+                _log.warning("rank %d: ringtune backend shutdown: the ranks' barrier failed "
+                             "(%s); freeing the groups anyway", self._rank, exc)
+        self._release()
+
+    def abort(self) -> None:
+        """Free everything now, without waiting for the other ranks (a failed job)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close_lanes()
+        self._release()
+
+    def _close_lanes(self) -> None:
         for lane in self._comms.values():
             lane.comm.close()
 
-    def abort(self) -> None:
-        self.shutdown()
+    def _release(self) -> None:
+        """Drop the inner groups (their gloo pairs close now) and forget being the
+        creator's last backend."""
+        global _LAST
+        for lane in self._comms.values():
+            inner = lane.comm.comm  # the TorchComm over the group this backend made
+            inner.groups = {}
+            inner.freed = True
+        self._comms.clear()
+        self._delegates.clear()
+        if _LAST[1] is self:
+            _LAST = (None, None)
 
     # Torch 2.14's PyBackend reads these properties back through the Python object, which
     # recurses into itself where a subclass does not define them: say what is true.

@@ -7,9 +7,19 @@ switch namespace (two tiers of switches with racks) by veth pairs whose rate is 
 and its exit status is this command's. Everything is removed on exit, failure, Ctrl-C or
 SIGTERM. Needs root; where namespaces cannot be built it exits 77 with the reason.
 
+With ``--launcher torchrun`` COMMAND runs as a torchrun job instead: one torchrun agent per
+emulated host, started inside that host's namespace (``--nnodes H --nproc-per-node R
+--node-rank i``), the rendezvous and the job's store on host 0's address at a free port;
+a ``.py`` COMMAND is torchrun's script, anything else runs with ``--no-python``. The
+torchrun is the one beside this Python (else PATH's). Ranks are numbered host by host
+(``--placement block`` only). A failed agent ends the others within seconds; the exit
+status is the failed agent's.
+
   ringtune emulate --cluster profiles/clusters/emulated-2x2.yaml -- ringtune tune --out p.yaml
   ringtune emulate --cluster profiles/clusters/emulated-2x2.yaml --placement round-robin \\
       -- ringtune bench -b 1M -e 16M
+  ringtune emulate --cluster profiles/clusters/emulated-2x2.yaml --launcher torchrun \\
+      -- examples/train_digits.py --backend ringtune
   ringtune emulate --cleanup         # remove what a killed earlier run left behind
 
 One run at a time per machine (a lock); leftovers of a killed run are removed by the next.
@@ -41,6 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--placement", choices=("block", "round-robin"), default="block",
                    help="ranks 0..k-1 on the first host (block, default) or rank r on host "
                         "r mod hosts (round-robin, as mpiexec -ppn 1 cycling)")
+    p.add_argument("--launcher", choices=("mpiexec", "torchrun"), default="mpiexec",
+                   help="start COMMAND as MPI ranks under MPICH's mpiexec (default), or as "
+                        "a torchrun job: one torchrun agent per emulated host "
+                        "(torch.distributed; needs ringtune[torch])")
     p.add_argument("--hostname-prefix", metavar="P",
                    help="name the hosts P0, P1, … (default: the file's emulate."
                         "hostname_prefix, else 'host')")
@@ -53,6 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from collectives.launcher import under_torchrun
     from ringtune.emulate import netns, runner
     from ringtune.emulate.spec import HOSTNAME_PREFIX, load_emulated
     from ringtune.errors import UsageError
@@ -78,10 +93,16 @@ def run(args: argparse.Namespace) -> int:
     if args.hostname_prefix is not None and not HOSTNAME_PREFIX.fullmatch(args.hostname_prefix):
         raise UsageError(f"emulate --hostname-prefix {args.hostname_prefix!r}: expected "
                          f"lower-case letters, digits and '-', starting with a letter")
-    if under_mpiexec():
-        raise UsageError("emulate: run it from a shell, not under mpiexec (it starts its own)")
+    if under_mpiexec() or under_torchrun():
+        raise UsageError("emulate: run it from a shell, not under mpiexec or torchrun (it "
+                         "starts its own)")
     spec = None if args.cleanup else load_emulated(args.cluster)  # bad input: exit 2 first
-    mpiexec = "" if args.cleanup else _hydra_mpiexec()
+    if args.cleanup:
+        launcher = ""
+    elif args.launcher == "torchrun":
+        launcher = _torchrun(args, command)
+    else:
+        launcher = _hydra_mpiexec()
     try:
         netns.preflight()
     except netns.EmulationUnavailable as exc:
@@ -99,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
                 if not left:
                     say("nothing to clean up")
                 return 0
-            return _emulate(spec, args, command, mpiexec, say, os.getpid())
+            return _emulate(spec, args, command, launcher, say, os.getpid())
     except KeyboardInterrupt:
         say("interrupted; the emulated cluster is removed")
         return 130
@@ -130,15 +151,41 @@ def _hydra_mpiexec() -> str:
     return mpiexec
 
 
+def _torchrun(args: argparse.Namespace, command: list[str]) -> str:
+    """The torchrun to start the agents with, after the checks of ``--launcher torchrun``
+    (each a one-line ``UsageError``, exit 2)."""
+    from ringtune.emulate import runner
+    from ringtune.errors import UsageError
+
+    if args.placement != "block":
+        raise UsageError(f"emulate --launcher torchrun --placement {args.placement}: torchrun "
+                         "numbers ranks host by host; use --placement block (the default) "
+                         "or --launcher mpiexec")
+    torchrun = runner.find_torchrun()
+    if torchrun is None:
+        raise UsageError(f"emulate --launcher torchrun: no torchrun beside {sys.executable} "
+                         "nor on PATH; install PyTorch (pip install 'ringtune[torch]')")
+    script = command[0]
+    if script.endswith(".py"):
+        if not os.path.isfile(script):
+            raise UsageError(f"emulate --launcher torchrun: script {script} not found")
+    else:
+        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+        if shutil.which(script, path=path) is None:
+            raise UsageError(f"emulate --launcher torchrun: command {script} not found (give "
+                             "a .py script, or a program on PATH)")
+    return torchrun
+
+
 def _emulate(spec: EmulatedCluster, args: argparse.Namespace, command: list[str],
-             mpiexec: str, say: Callable[[str], None], run_id: int) -> int:
+             launcher: str, say: Callable[[str], None], run_id: int) -> int:
     """Build, run, tear down; the command's exit status."""
     from ringtune.emulate import netns, runner
     from ringtune.emulate.monitor import HostMonitor
 
     t0 = time.monotonic()
     net = netns.Network(spec, run_id, netns.pick_subnet(), args.hostname_prefix)
-    proc = None
+    procs: list[Any] = []
     monitor = None
     interrupted: int | None = None
     try:
@@ -147,15 +194,22 @@ def _emulate(spec: EmulatedCluster, args: argparse.Namespace, command: list[str]
         say(f"{spec.describe()}; hosts "
             f"{', '.join(f'{h.hostname}={h.address}' for h in net.hosts)}; "
             f"set up in {runner.elapsed(t0)}")
-        proc, _ = runner.run_command(net, mpiexec, command, args.placement, not args.quiet)
+        if args.launcher == "torchrun":
+            procs = runner.run_torchrun(net, launcher, command, not args.quiet)
+        else:
+            procs = [runner.run_command(net, launcher, command, args.placement,
+                                        not args.quiet)[0]]
         monitor = HostMonitor(net.hosts)
         monitor.start()
         try:
             runner.raise_pending()
-            code = runner.wait(proc)
+            if args.launcher == "torchrun":
+                code, failed = runner.wait_agents(procs)
+            else:
+                code, failed = runner.wait(procs[0]), None
             monitor.stop()
             if code != 0:
-                _explain_failure(net, args.placement, code, monitor)
+                _explain_failure(net, args.placement, code, monitor, failed)
             return code
         except KeyboardInterrupt:
             interrupted = signal.SIGINT
@@ -170,8 +224,8 @@ def _emulate(spec: EmulatedCluster, args: argparse.Namespace, command: list[str]
         # A second Ctrl-C must not cut the teardown short and leave namespaces behind.
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        if proc is not None:
-            runner.stop(proc, signal.SIGINT if interrupted is None else interrupted)
+        if procs:
+            runner.stop_all(procs, signal.SIGINT if interrupted is None else interrupted)
         net.teardown()
         shutil.rmtree(os.path.join(netns.STATE_DIR, str(run_id)), ignore_errors=True)
         say(f"torn down in {runner.elapsed(t1)}")
@@ -185,13 +239,22 @@ def host_ranks(hosts: int, per_host: int, placement: str) -> list[list[int]]:
     return [list(range(h * per_host, (h + 1) * per_host)) for h in range(hosts)]
 
 
-def _explain_failure(net: Any, placement: str, code: int, monitor: Any) -> None:
-    """One line on stderr naming the host (and its ranks) that failed first, when known."""
+def _explain_failure(net: Any, placement: str, code: int, monitor: Any,
+                     failed_agent: int | None = None) -> None:
+    """One line on stderr naming the host (and its ranks) that failed first, when known:
+    where a rank process ended first (the monitor), else the host whose torchrun agent
+    failed first."""
     ranks = host_ranks(net.spec.hosts, net.spec.ranks_per_host, placement)
     lost = monitor.first_lost
     if lost is not None:
+        rank = monitor.first_rank
         where = (f"host {lost.hostname} ({lost.address}, ranks "
-                 f"{', '.join(map(str, ranks[lost.index]))}): a rank there ended first")
+                 f"{', '.join(map(str, ranks[lost.index]))}): a rank there ended first"
+                 + (f" (rank {rank})" if rank is not None else ""))
+    elif failed_agent is not None:
+        h = net.hosts[failed_agent]
+        where = (f"host {h.hostname} ({h.address}, ranks "
+                 f"{', '.join(map(str, ranks[h.index]))}): its torchrun agent failed first")
     else:
         where = "ranks by host: " + "; ".join(
             f"{h.hostname} {', '.join(map(str, ranks[h.index]))}" for h in net.hosts)

@@ -35,15 +35,36 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _is_rank(pid: int) -> bool:
-    """A rank: a process Hydra's proxy started (not the proxy, not what a rank started)."""
+#: The process that starts a host's ranks, by its ``comm``: Hydra's proxy (mpiexec) or the
+#: torchrun agent (``ringtune emulate --launcher torchrun``; torch renames its process
+#: ``pt_elastic``).
+RANK_PARENTS = (b"hydra_pmi_proxy", b"torchrun", b"pt_elastic")
+
+
+def _is_rank(pid: int, parents: tuple[bytes, ...] = RANK_PARENTS) -> bool:
+    """A rank: a process a launcher (``parents``) started (not the launcher itself, not
+    what a rank started)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
         with open(f"/proc/{ppid}/comm", "rb") as f:
-            return f.read().strip() == b"hydra_pmi_proxy"
+            return f.read().strip() in parents
     except (OSError, IndexError, ValueError):
         return False
+
+
+def rank_of(pid: int) -> int | None:
+    """The world rank the launcher gave process ``pid`` (``PMI_RANK`` from Hydra, ``RANK``
+    from torchrun), from its environment; ``None`` when unreadable."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    except OSError:
+        return None
+    for name in (b"PMI_RANK", b"RANK"):
+        if env.get(name, b"").isdigit():
+            return int(env[name])
+    return None
 
 
 def pids_by_namespace(inodes: dict[int, int]) -> list[set[int]]:
@@ -73,6 +94,9 @@ class HostMonitor:
         self.interval = interval
         self.rescan = rescan
         self.first_lost: Host | None = None
+        #: The world rank of the process that ended first, when its environment said.
+        self.first_rank: int | None = None
+        self._ranks: dict[int, int | None] = {}
         self.lost_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="emulate-monitor",
@@ -104,6 +128,8 @@ class HostMonitor:
                 if not last and time.monotonic() >= next_scan:
                     # Exits are read in the kernel's order, however late this thread runs.
                     for i, pids in enumerate(pids_by_namespace(self._inodes)):
+                        for pid in pids - known[i]:
+                            self._ranks[pid] = rank_of(pid)
                         known[i] |= pids
                     seen = [s or bool(k) for s, k in zip(seen, known)]
                     next_scan = time.monotonic() + self.rescan
@@ -114,6 +140,7 @@ class HostMonitor:
                         # take a while to finish exiting, so "all ended" would come late),
                         # or the rank that failed and made Hydra end the others.
                         self.first_lost = self.hosts[host]
+                        self.first_rank = self._ranks.get(pid)
                         self.lost_at = time.monotonic()
                         return
                 if last:

@@ -1,4 +1,5 @@
-"""Run a command across an emulated cluster under Hydra, the way ``mpiexec -hosts …`` would.
+"""Run a command across an emulated cluster under Hydra, the way ``mpiexec -hosts …`` would,
+or under torchrun: one agent per emulated host (``run_torchrun``).
 
 ``mpiexec`` runs inside the first host's namespace (so that every proxy can reach it) with
 ``-launcher rsh -launcher-exec SHIM``: Hydra calls the shim as it would call ``ssh HOST CMD``,
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -144,6 +146,138 @@ def run_command(net: Network, mpiexec: str, command: Sequence[str], placement: s
                   file=sys.stderr, flush=True)
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
     return proc, cmd
+
+
+#: torchrun's rendezvous and store: the static (c10d TCPStore) rendezvous on host 0, so
+#: that ``--node-rank i`` is host i and the ranks are numbered host by host (``block``).
+TORCHRUN_RDZV = "static"
+#: Seconds the other agents get to end their workers after one agent failed (SIGTERM),
+#: before their process groups are killed.
+AGENT_GRACE_S = 5.0
+
+
+def find_torchrun() -> str | None:
+    """The torchrun of this interpreter's environment (``sys.executable``'s bin/), else the
+    one on PATH; ``None`` when there is none."""
+    here = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if os.access(here, os.X_OK):
+        return here
+    return shutil.which("torchrun")
+
+
+def torchrun_arguments(command: Sequence[str]) -> list[str]:
+    """``command`` as torchrun's entry point: a ``.py`` script as is (torchrun runs it with
+    its own Python), anything else (``ringtune``, ``python``, a binary) after
+    ``--no-python``."""
+    if command[0].endswith(".py"):
+        return list(command)
+    return ["--no-python", *command]
+
+
+def free_port(namespace: str) -> int:
+    """A TCP port no process listens on inside ``namespace`` (the kernel picks it there)."""
+    probe = ("import socket; s = socket.socket(); s.bind(('', 0)); "
+             "print(s.getsockname()[1])")
+    res = subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", probe],
+                         capture_output=True, text=True, timeout=30, check=False)
+    if res.returncode != 0 or not res.stdout.strip().isdigit():
+        from ringtune.errors import CommandFailed
+
+        raise CommandFailed(f"emulate: no free port in {namespace}: "
+                            f"{(res.stderr or res.stdout).strip()}")
+    return int(res.stdout.strip())
+
+
+def torchrun_commands(net: Network, torchrun: str, port: int,
+                      command: Sequence[str]) -> list[list[str]]:
+    """One torchrun agent per host of ``net``, inside the host's namespace under its
+    hostname: ``--nnodes H --nproc-per-node R --node-rank i``, the rendezvous (and the job's
+    store) on host 0's address."""
+    first = net.hosts[0]
+    out = []
+    for h in net.hosts:
+        out.append(["ip", "netns", "exec", h.namespace, "unshare", "-u", "sh", "-c",
+                    'hostname "$0" && exec "$@"', h.hostname,
+                    torchrun, "--nnodes", str(net.spec.hosts),
+                    "--nproc-per-node", str(net.spec.ranks_per_host),
+                    "--node-rank", str(h.index), "--rdzv-backend", TORCHRUN_RDZV,
+                    "--rdzv-endpoint", f"{first.address}:{port}",
+                    "--rdzv-id", f"ringtune-emulate-{net.run_id}", "--max-restarts", "0",
+                    *torchrun_arguments(command)])
+    return out
+
+
+#: Variables a torchrun (or MPI) launcher gave this process: the agents must not inherit
+#: them (a worker would read the outer job's rank or store).
+_LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                  "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
+                  "MASTER_ADDR", "MASTER_PORT")
+
+
+def run_torchrun(net: Network, torchrun: str, command: Sequence[str],
+                 verbose: bool = True) -> list[subprocess.Popen[bytes]]:
+    """Start one torchrun agent per host of ``net`` (each its own process group, killed
+    with ``ringtune emulate``); returns them in host order."""
+    port = free_port(net.hosts[0].namespace)
+    cmds = torchrun_commands(net, torchrun, port, command)
+    env = {k: v for k, v in os.environ.items()
+           if k not in _LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    env["RINGTUNE_EMULATED"] = net.spec.name
+    if verbose:
+        print(f"ringtune emulate: torchrun --nnodes {net.spec.hosts} --nproc-per-node "
+              f"{net.spec.ranks_per_host} --rdzv-endpoint {net.hosts[0].address}:{port} "
+              f"{shlex.join(torchrun_arguments(command))} (one agent per host)",
+              file=sys.stderr, flush=True)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for cmd in cmds:
+            procs.append(subprocess.Popen(cmd, env=env, start_new_session=True,
+                                          preexec_fn=_die_with_parent))
+    except BaseException:
+        for p in procs:
+            stop(p)
+        raise
+    return procs
+
+
+def wait_agents(procs: Sequence[subprocess.Popen[bytes]], poll: float = 0.05,
+                grace: float = AGENT_GRACE_S) -> tuple[int, int | None]:
+    """Wait for every agent; when one fails, end the others (SIGTERM: torchrun ends its
+    workers; their process groups are killed after ``grace`` s). Returns (the job's exit
+    status: the first failed agent's, else 0; the index of that agent, or ``None``)."""
+    failed: int | None = None
+    code = 0
+    while True:
+        running = 0
+        for i, p in enumerate(procs):
+            c = p.poll()
+            if c is None:
+                running += 1
+            elif c != 0 and failed is None:
+                failed, code = i, 128 - c if c < 0 else c
+        if failed is not None or running == 0:
+            break
+        time.sleep(poll)
+    if failed is not None:
+        stop_all(procs, signal.SIGTERM, grace)
+    return code, failed
+
+
+def stop_all(procs: Sequence[subprocess.Popen[bytes]], sig: int = signal.SIGINT,
+             grace: float = 2.0) -> None:
+    """``stop`` for several process groups at once: ``sig`` to each, then SIGKILL to those
+    still running ``grace`` s later (one wait for all, not one per process)."""
+    for s, wait_s in ((sig, grace), (signal.SIGKILL, 1.0)):
+        live = [p for p in procs if p.poll() is None]
+        for p in live:
+            try:
+                os.killpg(p.pid, s)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while any(p.poll() is None for p in live) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 def _die_with_parent() -> None:

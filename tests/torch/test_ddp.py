@@ -12,6 +12,7 @@ from train_digits import digits, make_model, shard, wrap
 
 from collectives import AgreementError
 
+from ..ddputil import track
 from .conftest import WORLD, agree
 
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
@@ -41,20 +42,8 @@ def _train_side_by_side(ddp_ours: nn.Module, ours: nn.Module, ddp_ref: nn.Module
                         ref: nn.Module, steps: int) -> list[str]:
     """``steps`` SGD steps of both wrapped models on the same shards; what went wrong (the
     first step whose parameters differ from DDP's own, or differ across ranks), else []."""
-    opt_ours = torch.optim.SGD(ddp_ours.parameters(), lr=0.05, momentum=0.9)
-    opt_ref = torch.optim.SGD(ddp_ref.parameters(), lr=0.05, momentum=0.9)
-    bad: list[str] = []
-    for step in range(steps):
-        _step(ddp_ours, opt_ours, step)
-        _step(ddp_ref, opt_ref, step)
-        a, b = _flat(ours), _flat(ref)
-        if not torch.allclose(a, b, rtol=1e-5, atol=1e-6):
-            bad.append(f"step {step}: max |ours - DDP| = {float((a - b).abs().max())}")
-        if not _same_on_every_rank(a):
-            bad.append(f"step {step}: parameters differ across ranks")
-        if bad:
-            break
-    return bad
+    return track(ours, ddp_ours, ref, ddp_ref, steps, RANK, SIZE, WORLD.allgather,
+                 rtol=1e-5, atol=1e-6)[0]
 
 
 @pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.004])  # one bucket; several

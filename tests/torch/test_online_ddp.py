@@ -10,17 +10,16 @@ import tempfile
 from typing import Any
 
 import pytest
-import torch
 from torch import nn
-from train_digits import digits, make_model, shard
+from train_digits import make_model
 
 from collectives import Communicator
 from collectives.profile import load_profile
 
+from ..ddputil import flat, same_on_every_rank, sgd, step, track
 from .conftest import WORLD, agree
 
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
-DATA = digits()
 OPTIONS = {"calls": 8, "samples": 2, "candidates": 4, "share": 1.0}
 
 
@@ -49,24 +48,6 @@ def _wrap(model: nn.Module, comm: Communicator, **tune: Any) -> tuple[nn.Module,
     return ddp, state
 
 
-def _step(ddp: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
-    xtr, ytr = DATA[0], DATA[1]
-    idx = shard(step, len(xtr), 16, RANK, SIZE)
-    opt.zero_grad(set_to_none=False)
-    nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx]).backward()
-    opt.step()
-
-
-def _flat(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def _same_on_every_rank(t: torch.Tensor) -> bool:
-    import hashlib
-
-    return len(set(WORLD.allgather(hashlib.sha256(t.numpy().tobytes()).hexdigest()))) == 1
-
-
 def test_online_ddp_tracks_a_fixed_choice_and_its_profile_is_reused(folder: str) -> None:
     out = os.path.join(folder, "online.yaml")
     tuned_comm = Communicator(WORLD.Dup())
@@ -75,19 +56,7 @@ def test_online_ddp_tracks_a_fixed_choice_and_its_profile_is_reused(folder: str)
     ddp_ours, state = _wrap(ours, tuned_comm, tune="online", tune_out=out,
                             tune_options=OPTIONS)
     ddp_ref, fixed = _wrap(ref, fixed_comm)
-    opt_ours = torch.optim.SGD(ddp_ours.parameters(), lr=0.05, momentum=0.9)
-    opt_ref = torch.optim.SGD(ddp_ref.parameters(), lr=0.05, momentum=0.9)
-    bad: list[str] = []
-    for step in range(20):
-        _step(ddp_ours, opt_ours, step)
-        _step(ddp_ref, opt_ref, step)
-        a, b = _flat(ours), _flat(ref)
-        if not torch.allclose(a, b, rtol=1e-4, atol=1e-5):
-            bad.append(f"step {step}: max |online - fixed| = {float((a - b).abs().max())}")
-        if not _same_on_every_rank(a):
-            bad.append(f"step {step}: parameters differ across ranks")
-        if bad:
-            break
+    bad, _ = track(ours, ddp_ours, ref, ddp_ref, 20, RANK, SIZE, WORLD.allgather, "online")
     tuner = tuned_comm.online
     sizes = {k[0] for k in tuner.settled}
     if not tuner.settled:
@@ -112,12 +81,12 @@ def test_online_ddp_tracks_a_fixed_choice_and_its_profile_is_reused(folder: str)
     again = Communicator(WORLD.Dup(), profile=out)
     model = make_model(32, 2)
     ddp, state = _wrap(model, again, tune="online")
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    for step in range(3):
-        _step(ddp, opt, step)
+    opt = sgd(ddp)
+    for k in range(3):
+        step(ddp, opt, k, RANK, SIZE)
     bad = [] if not again.online.exploring_calls else [
         f"the second job explored {again.online.exploring_calls} call(s)"]
-    if not _same_on_every_rank(_flat(model)):
+    if not same_on_every_rank(flat(model), WORLD.allgather):
         bad.append("second job: parameters differ across ranks")
     state.close()
     again.close()

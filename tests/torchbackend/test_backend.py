@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from .conftest import RANK, SIZE, agree, gloo_group, ringtune_of
+from .conftest import RANK, SIZE, agree, gloo_group, gloo_world, ringtune_of
 
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "prod": dist.ReduceOp.PRODUCT,
        "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
@@ -220,29 +220,13 @@ def test_ddp_over_ringtune_tracks_ddp_over_gloo() -> None:
     from the same start: parameters within float tolerance after every step, and the
     ringtune-trained ones bitwise equal on every rank."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from train_digits import digits, make_model, shard
+    from train_digits import make_model
 
-    xtr, ytr = digits()[:2]
+    from ..ddputil import track
+
     ours, ref = make_model(32, 2), make_model(32, 2)
     ddp_ours = DDP(ours, bucket_cap_mb=0.004)  # several buckets in flight per step
     ddp_ref = DDP(ref, bucket_cap_mb=0.004, process_group=gloo_group())
-    opt_ours = torch.optim.SGD(ddp_ours.parameters(), lr=0.05, momentum=0.9)
-    opt_ref = torch.optim.SGD(ddp_ref.parameters(), lr=0.05, momentum=0.9)
-    lossf = torch.nn.CrossEntropyLoss()
-    failures: list[str] = []
-    for step in range(12):
-        idx = shard(step, len(xtr), 16, RANK, SIZE)
-        for ddp, opt in ((ddp_ours, opt_ours), (ddp_ref, opt_ref)):
-            opt.zero_grad()
-            lossf(ddp(xtr[idx]), ytr[idx]).backward()
-            opt.step()
-        for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
-            if not torch.allclose(a, b, rtol=1e-4, atol=1e-5):
-                failures.append(f"step {step}: {name} differs from DDP over gloo by "
-                                f"{(a - b).abs().max().item():.3g}")
-                break
-        if failures:
-            break
-    flat = torch.cat([p.detach().reshape(-1) for p in ours.parameters()])
-    failures += _bitwise_equal(flat, "DDP over ringtune's parameters")
+    failures, _ = track(ours, ddp_ours, ref, ddp_ref, 12, RANK, SIZE, gloo_world().allgather,
+                        "DDP over ringtune")
     agree(failures)

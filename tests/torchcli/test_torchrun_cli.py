@@ -147,15 +147,25 @@ def test_ringtune_group_again_after_destroy(tmp_path: Path) -> None:
     backend's groups must not meet the first one's keys in the store (a hang or a refused
     connection before the fix)."""
     script = tmp_path / "twice.py"
+    # destroy_process_group frees every group the backend made (their sockets close then,
+    # on every rank after a barrier), not at the next init or at exit: a rank freeing its
+    # gloo pairs on its own, at exit, aborted (SIGABRT) about 1 run in 14.
     script.write_text(
-        "import torch, torch.distributed as dist\n"
+        "import os, torch, torch.distributed as dist\n"
         "import collectives.torch\n"
+        "def sockets():\n"
+        "    fds = os.listdir('/proc/self/fd')\n"
+        "    return sum(os.readlink(f'/proc/self/fd/{f}').startswith('socket:')\n"
+        "               for f in fds if os.path.exists(f'/proc/self/fd/{f}'))\n"
+        "before = sockets()\n"
         "for k in range(2):\n"
         "    dist.init_process_group('ringtune')\n"
         "    t = torch.ones(4) * (dist.get_rank() + 1)\n"
         "    dist.all_reduce(t)\n"
         "    assert t.tolist() == [3.0] * 4, t\n"
         "    dist.destroy_process_group()\n"
+        "    n = sockets()\n"
+        "    assert n <= before, f'{n} sockets open after destroy, {before} before'\n"
         "print('TWICE OK', flush=True)\n")
     res = torchrun([sys.executable, str(script)])
     assert res.returncode == 0, res.stderr[-2000:]

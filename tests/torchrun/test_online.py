@@ -13,20 +13,19 @@ import tempfile
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from train_digits import digits, make_model, shard
+from train_digits import make_model
 
 from collectives import Communicator
 from collectives.profile import load_profile
 from collectives.torch import HookState, ddp_hook
 
+from ..ddputil import track
 from ..results import check_input, expected
 from .conftest import RANK, SIZE, agree, world
 
 COUNTS = (5, 1001, 70003)
 OPTIONS = {"calls": 8, "samples": 2, "candidates": 4, "share": 1.0}
-DATA = digits()
 
 
 def _folder() -> str:
@@ -77,28 +76,9 @@ def test_ddp_with_online_tuning_tracks_ddp_over_gloo() -> None:
     state = HookState(comm, tune="online", tune_options=OPTIONS)
     ddp_ours.register_comm_hook(state, ddp_hook)
     ddp_ref = DDP(ref, bucket_cap_mb=0.004)
-    opt_ours = torch.optim.SGD(ddp_ours.parameters(), lr=0.05, momentum=0.9)
-    opt_ref = torch.optim.SGD(ddp_ref.parameters(), lr=0.05, momentum=0.9)
-    bad: list[str] = []
-    for step in range(16):
-        for ddp, opt in ((ddp_ours, opt_ours), (ddp_ref, opt_ref)):
-            xtr, ytr = DATA[0], DATA[1]
-            idx = shard(step, len(xtr), 16, RANK, SIZE)
-            opt.zero_grad(set_to_none=False)
-            nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx]).backward()
-            opt.step()
-        a = torch.cat([p.detach().reshape(-1) for p in ours.parameters()])
-        b = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
-        if not torch.allclose(a, b, rtol=1e-4, atol=1e-5):
-            bad.append(f"step {step}: max |online - DDP| = {float((a - b).abs().max())}")
-            break
-        if len(set(world().allgather(hashlib.sha256(a.numpy().tobytes()).hexdigest()))) > 1:
-            bad.append(f"step {step}: parameters differ across ranks")
-            break
+    bad, _ = track(ours, ddp_ours, ref, ddp_ref, 16, RANK, SIZE, world().allgather, "online")
     if not comm.online.settled:
         bad.append("no bucket size settled")
     state.close()
     comm.close()
     agree(bad)
-
-
