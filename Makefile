@@ -187,7 +187,7 @@ torchbackend-test: $(TORCH_VENV)/.installed
 TORCH_EMULATED_TESTS ?= tests/emulated/test_gloo_emulated.py \
 	tests/emulated/test_torchrun_emulated.py
 torch-emulated: $(TORCH_VENV)/.installed
-	timeout $(EMULATED_TIMEOUT) $(TORCH_PY) -m pytest -q -p no:cacheprovider -rs \
+	timeout 900 $(TORCH_PY) -m pytest -q -p no:cacheprovider -rs \
 	  $(TORCH_EMULATED_TESTS)
 
 # Multi-host tests: `ringtune emulate` builds hosts from network namespaces with shaped links
