@@ -76,7 +76,7 @@ def compare(args: argparse.Namespace) -> None:
     argv = [mpiexec, *(["--oversubscribe"] if "OMPI_MCA_coll_tuned_use_dynamic_rules" in
                       with_file else []), "-n", str(args.np), sys.executable, __file__, "job",
             "--iters", str(args.iters)]
-    runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    runs: dict[bool, list[dict[int, float]]] = {False: [], True: []}
     for r in range(args.rounds):
         for use in (False, True):
             env = dict(os.environ)

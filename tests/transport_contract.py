@@ -410,3 +410,18 @@ def not_run(world: Any, setup: Setup, check: str) -> str:
             return (f"transport {setup.transport!r} cannot send to itself (self_sends is "
                     "False): its point-to-point checks need 2 ranks or more")
     return ""
+
+
+def run(world: Any, setup: Setup, check: str) -> list[str]:
+    """What each runner does per (transport, check): skip (with the reason) where the check
+    cannot run, else the check's failures; an exception is a failure, not a raise, so every
+    rank still reaches the runner's agreement on the outcome."""
+    import pytest
+
+    why = not_run(world, setup, check)
+    if why:
+        pytest.skip(why)
+    try:
+        return CHECKS[check](world, setup)
+    except Exception as exc:  # noqa: BLE001 - every rank must reach the agreement
+        return [f"{setup.transport}: {check}: {type(exc).__name__}: {exc}"]
