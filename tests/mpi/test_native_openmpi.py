@@ -35,15 +35,20 @@ def test_algorithms_come_from_the_library() -> None:
     assert ("allgather_reduce" in names) == (major >= 6)  # 7 is Open MPI 6.0's only
 
 
+def _sums_and_agrees(comm, impl: str, count: int, period: int) -> None:
+    """``native impl=IMPL`` sums an odd-sized float64 buffer exactly, bitwise alike on
+    every rank."""
+    buf = (np.arange(count, dtype=np.float64) % period) * (RANK + 1)
+    comm.allreduce(buf, algorithm="native", impl=impl)
+    want = (np.arange(count, dtype=np.float64) % period) * (N * (N + 1) / 2)
+    assert np.array_equal(buf, want), f"impl={impl}: wrong sum"
+    digests = WORLD.allgather(hashlib.sha256(buf.tobytes()).hexdigest())
+    assert len(set(digests)) == 1, f"impl={impl}: ranks disagree"
+
+
 def test_every_algorithm_sums_correctly_and_agrees(comm) -> None:
-    count = 3 * 1024 + 7
     for impl in ["auto", *LIB.algorithms()]:
-        buf = (np.arange(count, dtype=np.float64) % 97) * (RANK + 1)
-        comm.allreduce(buf, algorithm="native", impl=impl)
-        want = (np.arange(count, dtype=np.float64) % 97) * (N * (N + 1) / 2)
-        assert np.array_equal(buf, want), f"impl={impl}: wrong sum"
-        digests = WORLD.allgather(hashlib.sha256(buf.tobytes()).hexdigest())
-        assert len(set(digests)) == 1, f"impl={impl}: ranks disagree"
+        _sums_and_agrees(comm, impl, 3 * 1024 + 7, 97)
 
 
 def test_an_algorithm_the_library_lacks_is_a_value_error(comm) -> None:
@@ -100,14 +105,8 @@ def test_han_is_offered_where_loaded_and_sums_correctly(comm) -> None:
         pytest.skip("this Open MPI does not load coll/han")
     assert "han" in LIB.algorithms()
     assert "han" not in LIB.algorithms_on(1) and "han" in LIB.algorithms_on(2)
-    count = 5 * 1024 + 3
     for impl in ("han", "ring", "han"):
-        buf = (np.arange(count, dtype=np.float64) % 89) * (RANK + 1)
-        comm.allreduce(buf, algorithm="native", impl=impl)
-        want = (np.arange(count, dtype=np.float64) % 89) * (N * (N + 1) / 2)
-        assert np.array_equal(buf, want), f"impl={impl}: wrong sum"
-        digests = WORLD.allgather(hashlib.sha256(buf.tobytes()).hexdigest())
-        assert len(set(digests)) == 1, f"impl={impl}: ranks disagree"
+        _sums_and_agrees(comm, impl, 5 * 1024 + 3, 89)
     # The writes were undone: han's priority is its default again.
     from collectives.natives.base import binding
 
