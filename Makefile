@@ -212,10 +212,12 @@ test: install
 	$(MAKE) --no-print-directory -j2 --output-sync=target lane-mpi lane-torch
 
 .PHONY: lane-mpi lane-torch
+# -j1: within a lane one suite at a time (the jobserver of `-j2` would run a lane's suites
+# side by side too, and two `ringtune emulate` runs refuse each other).
 lane-mpi:
-	$(MAKE) --no-print-directory cuda-static gpu-sim mpi ompi-test emulated torch-emulated
+	$(MAKE) --no-print-directory -j1 cuda-static gpu-sim mpi ompi-test emulated torch-emulated
 lane-torch:
-	$(MAKE) --no-print-directory torch-test torchrun-test torchbackend-test
+	$(MAKE) --no-print-directory -j1 torch-test torchrun-test torchbackend-test
 
 # One after the other: both editable installs write ringtune.egg-info in this directory.
 extra-venvs:
