@@ -88,7 +88,13 @@ def test_world_and_sub_communicators_pick_their_section() -> None:
             bad.append(f"group of {sub.Get_size()}: {comm.explain(4096)}")
         comm.close()
         sub.Free()
+    except Exception as exc:  # noqa: BLE001 - every rank must reach agree()
+        bad.append(f"rank {RANK}: {type(exc).__name__}: {exc}")
     finally:
+        # Every rank has read the file before rank 0 removes it: without this barrier a
+        # slow rank 1 (a loaded machine) found it gone, left the test before agree() and
+        # the job hung or aborted.
+        WORLD.Barrier()
         if RANK == 0:
             os.unlink(path)
     agree(bad)
