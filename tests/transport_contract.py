@@ -425,3 +425,12 @@ def run(world: Any, setup: Setup, check: str) -> list[str]:
         return CHECKS[check](world, setup)
     except Exception as exc:  # noqa: BLE001 - every rank must reach the agreement
         return [f"{setup.transport}: {check}: {type(exc).__name__}: {exc}"]
+
+
+def cases(transports: list[tuple[str, str]]) -> tuple[list[tuple[str, str]],
+                                                      list[tuple[str, str]]]:
+    """A runner's parameters from ``runnable``'s answer: ``(transport, check)`` for every
+    check of every transport it runs, and ``(transport, why not)`` for the others."""
+    run = [(name, check) for name, why in transports if not why for check in CHECKS]
+    left = [(name, why) for name, why in transports if why]
+    return run, left

@@ -16,8 +16,7 @@ from .. import transport_contract as tc
 from .conftest import GPU_OK, agree
 
 TRANSPORTS = tc.runnable("mpi", "cupy")
-RUN = [(name, check) for name, why in TRANSPORTS if not why for check in tc.CHECKS]
-LEFT = [(name, why) for name, why in TRANSPORTS if why]
+RUN, LEFT = tc.cases(TRANSPORTS)
 
 
 def _world() -> Any:

@@ -12,10 +12,7 @@ from .. import transport_contract as tc
 from .conftest import WORLD, agree
 
 TRANSPORTS = tc.runnable("mpi", "numpy")
-
-
-RUN = [(name, check) for name, why in TRANSPORTS if not why for check in tc.CHECKS]
-LEFT = [(name, why) for name, why in TRANSPORTS if why]
+RUN, LEFT = tc.cases(TRANSPORTS)
 
 
 @pytest.mark.parametrize("name,check", RUN, ids=[f"{n}-{c}" for n, c in RUN])
