@@ -270,7 +270,7 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
         if gpu and transport is None:
             # A configuration without one (a world of one rank) ran with the best transport.
             transport = (opts.transports or ["staged"])[0]
-        native = best_native(c)
+        native = best_native(c, opts.margin)
         if (rules and rules[-1]["algorithm"] == c.algorithm and rules[-1]["params"] == params
                 and rules[-1].get("transport") == transport):
             # Same choice as the previous bucket: one rule; keep the larger size's figures.
@@ -364,13 +364,23 @@ def _ran(summaries: Sequence[BucketSummary], choices: Sequence[Choice]) -> str |
     return f"{min(firsts)}/{max(lasts)}"
 
 
-def best_native(c: Choice) -> list[dict[str, Any]]:
+def best_native(c: Choice, margin: float = 0.0) -> list[dict[str, Any]]:
     """The fastest ``native`` configuration of the bucket's A/B (the library's default or
-    one of its own algorithms), as the one-entry list a rule's ``native`` key holds."""
+    one of its own algorithms), as the one-entry list a rule's ``native`` key holds.
+
+    One of the library's own algorithms replaces its default only when it beat the default
+    by ``margin`` (the tuner's ``--margin``), as any non-native choice must: ``ringtune
+    export`` writes this entry into the library's file, and a plain job should not run an
+    algorithm that was faster only within the timings' noise."""
     natives = [(cfg, t) for cfg, t in c.candidates if cfg.algorithm == "native" and t > 0]
     if not natives:
         return []
     best, t = min(natives, key=lambda ct: ct[1])
+    default = [(cfg, u) for cfg, u in natives
+               if str(cfg.params.get("impl", "auto")) == "auto"
+               and str(cfg.params.get("composition", "auto")) == "auto"]
+    if default and best is not default[0][0] and t * (1 + margin) > default[0][1]:
+        best, t = default[0]
     n = c.native_busbw_gbps * c.native_time_us  # busbw · time is constant for a size
     entry: dict[str, Any] = {"bytes": c.nbytes, "impl": str(best.params.get("impl", "auto"))}
     composition = str(best.params.get("composition", "auto"))

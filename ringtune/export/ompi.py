@@ -17,7 +17,10 @@ Algorithms (``coll_tuned_allreduce_decision.c``): 0 the library's own decision,
 on 6.0 only 7 allgather_reduce (5.0.x fails the allreduce with MPI_ERR_ARG on it): the set
 follows the Open MPI the profile was tuned with (its ``library``), else the installed one,
 else 5.0's (``collectives.natives.openmpi``). Maps: a profile tuned with Open MPI names the
-algorithms themselves; ``rhd`` → 6 (the same algorithm), ``multiring`` → 4 (5 with its
+algorithms themselves, measured (a rule of ringtune's own algorithms exports the fastest
+of Open MPI's own measured for it, the library's decision included); only where nothing of
+Open MPI's was measured (a profile tuned with another library, or without ``native``)
+does an analogy apply: ``rhd`` → 6 (the same algorithm), ``multiring`` → 4 (5 with its
 chunk size as the segment), MPICH's recursive_doubling / ring / reduce_scatter_allgather →
 3 / 4 / 6; everything else → 0, noted per rule.
 
@@ -103,6 +106,12 @@ def _choice(s: Segment, version: str, own: bool) -> tuple[int, int, str]:
                              f"{', '.join(table)}): re-tune with this library")
         base = "tuned" if s.note == "tuned" else s.note
         return table[s.impl], 0, f"{s.source} -> {s.impl} ({base})"
+    if own and (s.note == "tuned" or s.busbw_gbps is not None):
+        # The profile measured this library's own algorithms here and its default was the
+        # best of them: an analogy (rhd -> Rabenseifner) was never timed and, run by Open
+        # MPI at these sizes, was measured 2.5-4x slower than its default in a plain job.
+        why = "" if s.note == "tuned" else f" ({s.note})"
+        return 0, 0, f"{s.source} -> the library's own decision{why}"
     if s.algorithm == "rhd":
         return 6, 0, f"{s.source} -> rabenseifner (the same algorithm)"
     if s.algorithm == "multiring":

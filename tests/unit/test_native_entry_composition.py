@@ -78,3 +78,42 @@ def test_the_schema_allows_the_native_entry_composition(tmp_path: Path) -> None:
     bad = yaml.safe_load(good.read_text().replace("composition: beta", "composition: omega"))
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+def test_a_native_algorithm_within_the_margin_of_the_default_is_not_recorded() -> None:
+    # 2% faster than the library's default is within --margin (3%): the default is what
+    # `ringtune export` must write, not an algorithm that won by noise.
+    near = _choice(({}, 100.0), ({"impl": "recursive_multiplying"}, 98.0))
+    assert best_native(near, margin=0.03)[0]["impl"] == "auto"
+    assert best_native(near, margin=0.03)[0]["time_us"] == 100.0
+    # A clear win (20%) is recorded, as is any win without a margin.
+    clear = _choice(({}, 100.0), ({"impl": "recursive_multiplying"}, 80.0))
+    assert best_native(clear, margin=0.03)[0]["impl"] == "recursive_multiplying"
+    assert best_native(near)[0]["impl"] == "recursive_multiplying"
+
+
+def test_open_mpi_export_keeps_its_measured_default_over_an_analogy(tmp_path: Path) -> None:
+    """A profile tuned with Open MPI whose ``rhd``/``multiring`` rules measured Open MPI's
+    own decision as its best algorithm exports that decision (0), never Rabenseifner or
+    the segmented ring by analogy (untimed, and slower in a plain job); without a native
+    measurement the analogy still applies, and says so."""
+    from ringtune.export.ompi import parse, render
+
+    head = ("format: ringtune-profile\nversion: 1\n"
+            "library: {name: Open MPI, version: 5.0.10}\n"
+            "topology: {world_size: 2, hosts: 1, ranks_per_host: 2}\n"
+            "backend: numpy\ntransport: mpi\n")
+    path = tmp_path / "ompi.yaml"
+    path.write_text(head + "rules:\n"
+                    "- {min_bytes: 0, max_bytes: 131071, algorithm: rhd, params: {},\n"
+                    "   native: [{bytes: 65536, impl: auto, busbw_gbps: 1.0, time_us: 60.0}]}\n"
+                    "- {min_bytes: 131072, max_bytes: 1048575, algorithm: multiring,\n"
+                    "   params: {rings: 2, chunk_bytes: 65536},\n"
+                    "   native: [{bytes: 262144, impl: ring, busbw_gbps: 2.0, time_us: 131.0}]}\n"
+                    "- {min_bytes: 1048576, max_bytes: null, algorithm: rhd, params: {}}\n")
+    profile = load_profile(str(path))
+    text, notes = render([(profile, plan(profile))])
+    rows = parse(text, "5.0.10")[2][2]
+    assert rows == [(0, 0, 0, 0), (131072, 4, 0, 0), (1048576, 6, 0, 0)], text
+    assert "the library's own decision" in notes[0]
+    assert "rabenseifner (the same algorithm)" in notes[-1]
