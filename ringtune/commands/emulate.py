@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 
 HELP = "run a command across emulated hosts with shaped links (network namespaces)"
 
+#: Seconds to wait for another emulation to end when ``--wait`` is not given (a test suite
+#: or a shared machine that queues emulations sets it once).
+WAIT_ENV = "RINGTUNE_EMULATE_WAIT"
+
 #: Exit status when this machine cannot emulate (not root, no namespaces): a test skips.
 EXIT_UNAVAILABLE = 77
 
@@ -60,6 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "hostname_prefix, else 'host')")
     p.add_argument("--cleanup", action="store_true",
                    help="only remove namespaces and files left by earlier runs, then exit")
+    p.add_argument("--wait", type=float, metavar="SECONDS", default=None,
+                   help="while another `ringtune emulate` runs on this machine (one at a "
+                        "time), wait up to SECONDS for it to end instead of refusing at once "
+                        f"(default: ${WAIT_ENV}, else 0)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no set-up/teardown lines on stderr")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
@@ -96,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if under_mpiexec() or under_torchrun():
         raise UsageError("emulate: run it from a shell, not under mpiexec or torchrun (it "
                          "starts its own)")
+    wait = _wait_seconds(args.wait)
     spec = None if args.cleanup else load_emulated(args.cluster)  # bad input: exit 2 first
     if args.cleanup:
         launcher = ""
@@ -111,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
     old = runner.install_signal_handlers()
     try:
-        with netns.run_lock():
+        with netns.run_lock(wait, say):
             left = netns.cleanup_leftovers()
             if left:
                 say(f"removed {len(left)} namespace(s) left by an earlier run "
@@ -129,6 +138,28 @@ def run(args: argparse.Namespace) -> int:
         return 128 + exc.signum
     finally:
         runner.restore_signal_handlers(old)
+
+
+def _wait_seconds(flag: float | None) -> float:
+    """``--wait``, else ``$RINGTUNE_EMULATE_WAIT``, else 0; a negative or non-number value is
+    one line naming where it came from."""
+    from ringtune.errors import UsageError
+
+    if flag is not None:
+        if not 0 <= flag < float("inf"):
+            raise UsageError(f"emulate --wait {flag:g}: expected seconds >= 0")
+        return flag
+    raw = os.environ.get(WAIT_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise UsageError(f"{WAIT_ENV}={raw!r}: expected seconds >= 0 (how long `ringtune "
+                         "emulate` waits for another one to end)")
+    return value
 
 
 def _hydra_mpiexec() -> str:

@@ -24,7 +24,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -157,22 +157,35 @@ def cleanup_leftovers() -> list[str]:
 
 
 @contextmanager
-def run_lock() -> Iterator[None]:
-    """One emulation at a time on the machine: a second one gets a clear error naming the
-    first one's process id. The lock is released by the kernel if the holder dies."""
+def run_lock(wait: float = 0.0, say: Callable[[str], None] | None = None) -> Iterator[None]:
+    """One emulation at a time on the machine. A second one waits up to ``wait`` seconds for
+    the first to end (saying once that it waits, naming the first one's process id), then
+    gets a clear error naming it. The lock is released by the kernel if the holder dies."""
     os.makedirs(STATE_DIR, exist_ok=True)
     path = os.path.join(STATE_DIR, "lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + max(0.0, wait)
+    told = False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise CommandFailed(f"emulate: another `ringtune emulate` (pid {holder}) is "
-                                f"running on this machine; wait for it to end or stop it "
-                                f"(kill {holder})") from None
+            if time.monotonic() >= deadline:
+                waited = f" after waiting {wait:g} s" if wait > 0 else ""
+                raise CommandFailed(f"emulate: another `ringtune emulate` (pid {holder}) is "
+                                    f"running on this machine{waited}; wait for it to end "
+                                    f"(--wait SECONDS) or stop it (kill {holder})") from None
+            if say is not None and not told:
+                say(f"waiting up to {wait:g} s for another `ringtune emulate` (pid "
+                    f"{holder}) to end")
+                told = True
+            # Polled, not a blocking flock: a blocking one could not give up at the deadline.
+            time.sleep(0.2)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield

@@ -39,6 +39,30 @@ def _start_sleepers(tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
     return proc, pids
 
 
+def test_second_run_waits_with_wait_then_runs(tmp_path: Path) -> None:
+    """``--wait SECONDS``: the second emulation says it waits, naming the first, and runs
+    once the first has ended."""
+    proc, pids = _start_sleepers(tmp_path)
+    second = subprocess.Popen([*RINGTUNE, "emulate", "--wait", "120", "--cluster",
+                               cluster("3x1"), "--", "true"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        time.sleep(2)
+        assert second.poll() is None, second.communicate()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+        _, err = second.communicate(timeout=90)
+    finally:
+        for p in (proc, second):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+    assert second.returncode == 0, err
+    assert f"waiting up to 120 s for another `ringtune emulate` (pid {proc.pid})" in err, err
+    assert not [p for p in pids if _alive(p)]
+
+
 def test_failing_command_status_passes_through() -> None:
     res = emulate("2x2", ["sh", "-c", 'exit $((PMI_RANK == 3 ? 5 : 0))'], timeout=60)
     assert res.returncode == 5, (res.returncode, res.stderr)
@@ -61,7 +85,7 @@ def test_signal_tears_everything_down(tmp_path: Path, sig: int, code: int) -> No
 
 def test_second_run_refused_and_leftovers_removed(tmp_path: Path) -> None:
     proc, pids = _start_sleepers(tmp_path)
-    second = emulate("3x1", ["true"], timeout=60)
+    second = emulate("3x1", ["true"], "--wait", "0", timeout=60)
     assert second.returncode == 1
     assert f"another `ringtune emulate` (pid {proc.pid}) is running" in second.stderr
     proc.kill()  # SIGKILL: no teardown; the ranks die with mpiexec, the namespaces stay
