@@ -38,9 +38,11 @@ _started: list[str] = []
 
 #: Where a library looks for a shared library by starting a helper: the standard library's
 #: ``ctypes.util.find_library`` (``ldconfig``, ``gcc``, ``ld``; the product looks up libmpi
-#: so) and NVIDIA's ``cuda.pathfinder`` (a Python "canary" that loads libcudart, when CuPy
-#: loads NVRTC in .venv-cuda).
-_LOOKUP_FILES = (os.path.join("ctypes", "util.py"), os.path.join("cuda", "pathfinder", ""))
+#: so), NVIDIA's ``cuda.pathfinder`` (a Python "canary" that loads libcudart, when CuPy
+#: loads NVRTC in .venv-cuda), and matplotlib's font manager (``fc-list``, once per machine,
+#: when it builds its font cache: on a fresh machine the first plot a test draws does it).
+_LOOKUP_FILES = (os.path.join("ctypes", "util.py"), os.path.join("cuda", "pathfinder", ""),
+                 os.path.join("matplotlib", "font_manager.py"))
 
 
 def _library_lookup() -> bool:
@@ -49,7 +51,7 @@ def _library_lookup() -> bool:
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
-        if name.endswith(_LOOKUP_FILES[0]) or _LOOKUP_FILES[1] in name:
+        if any(part in name for part in _LOOKUP_FILES):
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
