@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from probes.records import RecordError, declare, key_path, load
+from probes.records import RecordError, declare, key_path, load, schema_document
 
 #: Bounds of the files' figures. Ranks: the model works on NumPy arrays with one entry per
 #: rank and ranks every grid of the world size, so ``ringtune simulate`` costs grow with
@@ -303,6 +303,47 @@ class WorkloadFile:
             raise RecordError(key_path(where, "tensor_bytes"),
                               f"the sizes sum to {sum(tensors)} B, but gradient_bytes is "
                               f"{self.gradient_bytes}; make them agree")
+
+
+# -- JSON Schema -----------------------------------------------------------------------
+
+#: The schemas' file names under ``profiles/schema/`` (``make schema`` writes them).
+CLUSTER_SCHEMA_FILE = "cluster.schema.json"
+WORKLOAD_SCHEMA_FILE = "workload.schema.json"
+_BEYOND = ("a non-integer figure is 0 or at least 1e-6 (smaller is a typing error in the "
+           "key's units), and YAML's 1.0 is a float where an integer is meant")
+
+
+def cluster_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a cluster file, from ``ClusterFile``'s
+    declarations: for editors and other tools; ``load_cluster`` is the authority and also
+    checks what the description lists."""
+    return schema_document(
+        ClusterFile, file=CLUSTER_SCHEMA_FILE, title="ringtune cluster",
+        description=(
+            "A tiered cluster for `ringtune simulate --cluster` and `ringtune emulate "
+            "--cluster` (profiles/clusters/, docs/cli.md), levels innermost first. "
+            "Generated from the declared records in autotune/cluster.py by `python -m "
+            "autotune.schemas` (make schema): do not edit by hand. load_cluster checks "
+            "everything here and, in addition, what a schema cannot express: the product of "
+            "levels[*].size is ranks; ranks_per_host (default levels[0].size) is the size of "
+            f"a group of innermost levels; {_BEYOND}. `ringtune emulate` also needs one or "
+            "two network levels and an uplink of at least 1 Mbit/s. A file is at most "
+            f"{MAX_FILE_BYTES >> 20} MiB."))
+
+
+def workload_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a workload file, from ``WorkloadFile``'s
+    declarations; ``load_workload`` is the authority."""
+    return schema_document(
+        WorkloadFile, file=WORKLOAD_SCHEMA_FILE, title="ringtune workload",
+        description=(
+            "A training step for `ringtune simulate --workload` and `ringtune tune "
+            "--workload` (profiles/clusters/workloads/). Generated from the declared records "
+            "in autotune/cluster.py by `python -m autotune.schemas` (make schema): do not "
+            "edit by hand. load_workload checks everything here and, in addition: "
+            f"tensor_bytes sum to gradient_bytes; {_BEYOND}. A file is at most "
+            f"{MAX_FILE_BYTES >> 20} MiB."))
 
 
 # -- validation ------------------------------------------------------------------------
