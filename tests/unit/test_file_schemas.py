@@ -169,28 +169,31 @@ def _key_paths(data: Any) -> Iterator[tuple[Any, ...]]:
             todo.append((path + (0,), node[0]))
 
 
+def _edited(data: Any, path: tuple[Any, ...], edit: Callable[[Any, Any], None]) -> Any:
+    """A copy of ``data`` with ``edit(parent, key)`` applied at ``path``."""
+    out = copy.deepcopy(data)
+    node = out
+    for p in path[:-1]:
+        node = node[p]
+    edit(node, path[-1])
+    return out
+
+
+def _setter(value: Any) -> Callable[[Any, Any], None]:
+    def put(node: Any, key: Any) -> None:
+        node[key] = value
+    return put
+
+
 def _variants(data: Any) -> Iterator[tuple[str, Any]]:
     for path in _key_paths(data):
         where = ".".join(map(str, path))
-        parent = data
-        for p in path[:-1]:
-            parent = parent[p]
         for name, value in VALUES.items():
-            out = copy.deepcopy(data)
-            node = out
-            for p in path[:-1]:
-                node = node[p]
-            node[path[-1]] = value
-            yield f"{where}={name}", out
-        if isinstance(parent, dict):
-            out = copy.deepcopy(data)
-            node = out
-            for p in path[:-1]:
-                node = node[p]
-            del node[path[-1]]
-            yield f"{where} removed", out
-            node[path[-1] + "_unknown"] = 1
-            yield f"{where}_unknown added", out
+            yield f"{where}={name}", _edited(data, path, _setter(value))
+        if isinstance(path[-1], str):
+            yield f"{where} removed", _edited(data, path, lambda n, k: n.__delitem__(k))
+            yield f"{where}_unknown added", _edited(
+                data, path, lambda n, k: n.__setitem__(k + "_unknown", 1))
 
 
 def _kinds(tmp: Path) -> list[tuple[str, str, Any, Callable[[Any], Any]]]:
