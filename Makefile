@@ -57,10 +57,11 @@ lint: install
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-# The profile JSON Schema is generated from the algorithm registry (collectives/schema.py);
-# rerun after changing an algorithm's parameters (a unit test says when it is stale).
+# The JSON Schemas under profiles/schema (profile, topology, cluster, workload) are generated
+# from the declared records and the registries (autotune/schemas.py); rerun after changing a
+# declaration or an algorithm's parameters (a unit test says when one is stale).
 schema: install
-	$(VENV)/bin/python -m collectives.schema
+	$(VENV)/bin/python -m autotune.schemas
 
 # tests/unit runs in one process per worker and starts no other (tests/unit/conftest.py
 # fails a test that does); pytest-xdist: one worker per CPU, at most 4.
@@ -82,7 +83,8 @@ unit-cli:
 
 # Every variant of the fuzz set (tests/fuzzing.py; the unit suite runs a seeded sample).
 fuzz: install
-	RINGTUNE_FUZZ=full $(PY) -m pytest -q -p no:cacheprovider tests/unit/test_fuzz_inputs.py
+	RINGTUNE_FUZZ=full $(PY) -m pytest -q -p no:cacheprovider tests/unit/test_fuzz_inputs.py \
+		tests/unit/test_file_schemas.py
 
 mpi: install
 	@set -e; for n in $(NP_LIST); do \

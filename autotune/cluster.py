@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from probes.records import RecordError, declare, load
+from probes.records import RecordError, declare, key_path, load, schema_document
 
 #: Bounds of the files' figures. Ranks: the model works on NumPy arrays with one entry per
 #: rank and ranks every grid of the world size, so ``ringtune simulate`` costs grow with
@@ -190,13 +190,13 @@ class Workload:
 
 
 def _figure(default: Any = dataclasses.MISSING, *, zero: bool = False, integer: bool = False,
-            most: float = MAX_QUANTITY) -> Any:
+            most: float = MAX_QUANTITY, **spec: Any) -> Any:
     """A physical quantity: positive (non-negative with ``zero``), at most ``most`` and, when
     not an integer, at least ``MIN_QUANTITY`` unless 0: beyond those a typing error that
-    would turn the model's times into 0 or infinities."""
+    would turn the model's times into 0 or infinities. ``spec``: more of ``declare``'s."""
     bound = {"ge": 0} if zero else {"gt": 0}
     return declare(default, **bound, le=most, realistic=True,
-                   least=None if integer else MIN_QUANTITY)
+                   least=None if integer else MIN_QUANTITY, **spec)
 
 
 def _texts(text: str, where: str) -> tuple[str, ...]:
@@ -236,7 +236,9 @@ class EmulateFile:
 class ClusterFile:
     """A cluster file's top level."""
 
-    ranks: int = _figure(integer=True, most=MAX_RANKS)
+    ranks: int = _figure(integer=True, most=MAX_RANKS, noun="ranks",
+                         cap=f"the cost model takes at most {MAX_RANKS} (1,024 hosts of 8), "
+                             "which keeps `ringtune simulate` within seconds")
     levels: tuple[LevelFile, ...] = declare(min_items=1, max_items=MAX_LEVELS, noun="levels",
                                             why="innermost first")
     memory_gbs: float = _figure()
@@ -247,6 +249,36 @@ class ClusterFile:
     sources: tuple[str, ...] | None = declare(None, text=_texts)
     notes: Any = None
     emulate: EmulateFile | None = None
+
+    def host_levels(self) -> int | None:
+        """How many innermost levels make one host (``ranks_per_host``, default the first
+        level's size), or ``None`` when no group of whole levels is that size."""
+        per_host = self.ranks_per_host if self.ranks_per_host is not None else \
+            self.levels[0].size
+        group = 1
+        for i, lv in enumerate(self.levels):
+            group *= lv.size
+            if group == per_host:
+                return i + 1
+        return None
+
+    def __check__(self, where: str) -> None:
+        """The levels make the world and a host is whole levels (``probes.records`` runs it
+        on loading)."""
+        sizes = [lv.size for lv in self.levels]
+        product = math.prod(sizes)
+        if product != self.ranks:
+            raise RecordError(key_path(where, "levels"),
+                              f"sizes {' x '.join(map(str, sizes))} = {product} ranks, but "
+                              f"ranks is {self.ranks}; make the product of levels[*].size "
+                              "equal ranks")
+        if self.host_levels() is None:
+            prefixes = [math.prod(sizes[:i + 1]) for i in range(len(sizes))]
+            per_host = self.ranks_per_host if self.ranks_per_host is not None else sizes[0]
+            raise RecordError(key_path(where, "ranks_per_host"),
+                              f"{per_host} is not the size of a group of innermost levels "
+                              f"({', '.join(map(str, prefixes))}); a host must be whole "
+                              "levels")
 
 
 @dataclass(frozen=True)
@@ -263,6 +295,55 @@ class WorkloadFile:
     #: Bytes of each gradient tensor, in the order backward produces them.
     tensor_bytes: tuple[int, ...] = declare(
         (), ge=1, shape="a list of positive integers (bytes of each gradient tensor)")
+
+    def __check__(self, where: str) -> None:
+        """The tensors make the gradient (``probes.records`` runs it on loading)."""
+        tensors = self.tensor_bytes
+        if tensors and sum(tensors) != self.gradient_bytes:
+            raise RecordError(key_path(where, "tensor_bytes"),
+                              f"the sizes sum to {sum(tensors)} B, but gradient_bytes is "
+                              f"{self.gradient_bytes}; make them agree")
+
+
+# -- JSON Schema -----------------------------------------------------------------------
+
+#: The schemas' file names under ``profiles/schema/`` (``make schema`` writes them).
+CLUSTER_SCHEMA_FILE = "cluster.schema.json"
+WORKLOAD_SCHEMA_FILE = "workload.schema.json"
+_BEYOND = ("a non-integer figure is 0 or at least 1e-6 (smaller is a typing error in the "
+           "key's units), and YAML's 1.0 is a float where an integer is meant")
+
+
+def cluster_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a cluster file, from ``ClusterFile``'s
+    declarations: for editors and other tools; ``load_cluster`` is the authority and also
+    checks what the description lists."""
+    return schema_document(
+        ClusterFile, file=CLUSTER_SCHEMA_FILE, title="ringtune cluster",
+        description=(
+            "A tiered cluster for `ringtune simulate --cluster` and `ringtune emulate "
+            "--cluster` (profiles/clusters/, docs/cli.md), levels innermost first. "
+            "Generated from the declared records in autotune/cluster.py by `python -m "
+            "autotune.schemas` (make schema): do not edit by hand. load_cluster checks "
+            "everything here and, in addition, what a schema cannot express: the product of "
+            "levels[*].size is ranks; ranks_per_host (default levels[0].size) is the size of "
+            f"a group of innermost levels; {_BEYOND}. `ringtune emulate` also needs one or "
+            "two network levels and an uplink of at least 1 Mbit/s. A file is at most "
+            f"{MAX_FILE_BYTES >> 20} MiB."))
+
+
+def workload_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a workload file, from ``WorkloadFile``'s
+    declarations; ``load_workload`` is the authority."""
+    return schema_document(
+        WorkloadFile, file=WORKLOAD_SCHEMA_FILE, title="ringtune workload",
+        description=(
+            "A training step for `ringtune simulate --workload` and `ringtune tune "
+            "--workload` (profiles/clusters/workloads/). Generated from the declared records "
+            "in autotune/cluster.py by `python -m autotune.schemas` (make schema): do not "
+            "edit by hand. load_workload checks everything here and, in addition: "
+            f"tensor_bytes sum to gradient_bytes; {_BEYOND}. A file is at most "
+            f"{MAX_FILE_BYTES >> 20} MiB."))
 
 
 # -- validation ------------------------------------------------------------------------
@@ -302,30 +383,14 @@ def check_emulate(value: Any, where: str) -> dict[str, Any]:
 
 def cluster_from_dict(data: Any, where: str = "cluster") -> Cluster:
     """A validated ``Cluster`` from parsed YAML; ``where`` (the file name) prefixes errors."""
-    if isinstance(data, dict) and isinstance(data.get("ranks"), int) and \
-            not isinstance(data["ranks"], bool) and data["ranks"] > MAX_RANKS:
-        raise ValueError(f"{where}: ranks: {data['ranks']} ranks; the cost model takes at "
-                         f"most {MAX_RANKS} (1,024 hosts of 8), which keeps `ringtune "
-                         "simulate` within seconds")
     rec = _load(ClusterFile, data, where)
-    p = f"{where}: "
     levels = [Level(name=lv.name or f"level{i}", size=lv.size, bandwidth_gbs=lv.bandwidth_gbs,
                     latency_us=lv.latency_us, links_per_rank=lv.links_per_rank,
                     shared=lv.shared, source=lv.source) for i, lv in enumerate(rec.levels)]
-    ranks = rec.ranks
-    product = math.prod(lv.size for lv in levels)
-    if product != ranks:
-        sizes = " x ".join(str(lv.size) for lv in levels)
-        raise ValueError(f"{p}levels: sizes {sizes} = {product} ranks, but ranks is {ranks}; "
-                         f"make the product of levels[*].size equal ranks")
-    per_host = rec.ranks_per_host if rec.ranks_per_host is not None else levels[0].size
-    prefixes = [math.prod(lv.size for lv in levels[:i + 1]) for i in range(len(levels))]
-    if per_host not in prefixes:
-        raise ValueError(f"{p}ranks_per_host: {per_host} is not the size of a group of "
-                         f"innermost levels ({', '.join(map(str, prefixes))}); a host must "
-                         f"be whole levels")
+    host_levels = rec.host_levels()
+    assert host_levels is not None  # ClusterFile.__check__ refused the file otherwise
     return Cluster(
-        host_levels=prefixes.index(per_host) + 1,
+        host_levels=host_levels,
         name=rec.name if rec.name is not None else where,
         levels=tuple(levels),
         memory_gbs=rec.memory_gbs,
@@ -344,12 +409,8 @@ def load_cluster(path: str | os.PathLike[str]) -> Cluster:
 
 def workload_from_dict(data: Any, where: str = "workload") -> Workload:
     rec = _load(WorkloadFile, data, where)
-    tensors = rec.tensor_bytes
-    if tensors and sum(tensors) != rec.gradient_bytes:
-        raise ValueError(f"{where}: tensor_bytes: the sizes sum to {sum(tensors)} B, but "
-                         f"gradient_bytes is {rec.gradient_bytes}; make them agree")
     return Workload(
-        tensor_bytes=tensors,
+        tensor_bytes=rec.tensor_bytes,
         name=rec.name if rec.name is not None else where,
         gradient_bytes=rec.gradient_bytes,
         compute_seconds=rec.compute_seconds,

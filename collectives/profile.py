@@ -21,8 +21,6 @@ from typing import Any, NoReturn
 
 from .atomic import write_text_atomic
 from .errors import ProfileError
-from .profile_format import FINGERPRINT_PATTERN as FINGERPRINT_PATTERN
-from .profile_format import FINGERPRINT_RE as FINGERPRINT_RE
 from .profile_format import FORMAT as FORMAT
 from .profile_format import MAX_MEASURED as MAX_MEASURED
 from .profile_format import MAX_PROFILE_BYTES as MAX_PROFILE_BYTES

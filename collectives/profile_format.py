@@ -6,15 +6,11 @@ records with them.
 
 from __future__ import annotations
 
-import re
-
 FORMAT = "ringtune-profile"
 VERSION = 1
 
 PROFILE_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 PROFILE_OPS = ("sum", "prod", "min", "max", "avg")
-FINGERPRINT_PATTERN = r"sha256:[0-9a-f]{64}"
-FINGERPRINT_RE = re.compile(FINGERPRINT_PATTERN)
 #: Range bounds: a world of 4 M ranks and messages of 4 EiB are beyond any machine; larger
 #: values are typing errors that would overflow later (in plans, in NumPy sizes).
 MAX_RULE_BYTES = 1 << 62

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from probes.records import declare, optional_keys, required_keys
+from probes.topology import fingerprint_field
 
 from .profile_format import (
-    FINGERPRINT_PATTERN,
     FORMAT,
     MAX_MEASURED,
     MAX_RULE_BYTES,
@@ -66,8 +66,7 @@ class TopologyRecord:
     """``topology``: the shape the profile was tuned on."""
 
     __unknown_hint__ = _UNKNOWN
-    fingerprint: str | None = declare(None, pattern=FINGERPRINT_PATTERN, max_len=71,
-                                      shape="'sha256:' and 64 lower-case hex digits")
+    fingerprint: str | None = fingerprint_field()
     world_size: int = declare(ge=1, le=MAX_WORLD_SIZE, required=True, default=1)
     hosts: int | None = declare(None, null=False, ge=1, le=MAX_WORLD_SIZE)
     ranks_per_host: int | None = declare(None, null=False, ge=1, le=MAX_WORLD_SIZE)

@@ -1,10 +1,10 @@
 """The JSON Schema of profile version 1, generated from the algorithm registry.
 
 Use ``profile_schema()`` for the schema as a mapping, ``schema_text()`` for the text of the
-checked-in file ``profiles/schema/profile-v1.schema.json``, and ``python -m
-collectives.schema`` (``make schema``) to rewrite that file after changing an algorithm's
-parameters; ``--check`` says whether it is current (a unit test does the same). The
-profile's own keys are written here; each rule's ``params`` come from its algorithm's
+checked-in file ``profiles/schema/profile-v1.schema.json``; ``python -m autotune.schemas``
+(``make schema``) rewrites it with the other files' schemas after changing an algorithm's
+parameters (a unit test says when it is stale). The profile's own keys are the declared
+records of ``collectives.records``; each rule's ``params`` come from its algorithm's
 ``params_schema`` (``collectives.algorithms.base.Algorithm``), so a new algorithm appears
 in the schema without an edit here. Test-only algorithms are left out.
 
@@ -15,13 +15,11 @@ says and what a schema cannot express (see the schema's ``description``). Not im
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
 from typing import Any
 
-from probes.records import json_schema
+from probes.records import schema_document
+from probes.records import schema_text as _text
 
 from .algorithms import get_algorithm
 from .algorithms.registry import user_algorithm_names
@@ -31,13 +29,13 @@ from .profile import MAX_RULES, VERSION
 from .records import ProfileRecord
 from .registry import backend_names, transports_for, user_transport_names
 
-#: Where the checked-in schema lives, from the repository root.
-SCHEMA_FILE = os.path.join("profiles", "schema", "profile-v1.schema.json")
+#: The checked-in schema's file name under ``profiles/schema/``.
+SCHEMA_FILE = f"profile-v{VERSION}.schema.json"
 
 _DESCRIPTION = (
     "Tuned allreduce rules per message size (docs/design.md 'Profile format'). Generated "
     "from the profile's declared records and the algorithm registry by `python -m "
-    "collectives.schema` (make schema): do not edit by hand. "
+    "autotune.schemas` (make schema): do not edit by hand. "
     "collectives.profile.load_profile checks everything here and, in "
     "addition, what a schema cannot express: rules sorted and contiguous (rules[i].min_bytes "
     "= rules[i-1].max_bytes + 1), only the last rule open-ended (max_bytes null), max_bytes "
@@ -70,8 +68,10 @@ def profile_schema() -> dict[str, Any]:
              "library": {"type": "string", "description": (
                  "the MPI library (its name as it reports it; ringtune has a module for "
                  + ", ".join(c.name for c in libraries()) + ")")}}
-    record = json_schema(ProfileRecord, names)
-    props = record["properties"]
+    doc = schema_document(ProfileRecord, file=SCHEMA_FILE,
+                          title=f"ringtune profile, version {VERSION}",
+                          description=_DESCRIPTION, names=names)
+    props = doc["properties"]
     rules = props["rules"]
     rule = rules.pop("items")
     # One branch per algorithm: its params as its own params_schema says.
@@ -90,16 +90,10 @@ def profile_schema() -> dict[str, Any]:
     for name in algorithms:
         defs[f"{name}_params"] = _params_schema(name)
     assert rules["maxItems"] == MAX_RULES
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "https://github.com/ringtune/ringtune/profiles/schema/profile-v1.schema.json",
-        "title": f"ringtune profile, version {VERSION}",
-        "description": _DESCRIPTION,
-        **record,
-        # The transports each backend's buffers can use, wherever a transport is named.
-        "allOf": [_backend_transports(b) for b in backend_names()],
-        "$defs": defs,
-    }
+    # The transports each backend's buffers can use, wherever a transport is named.
+    doc["allOf"] = [_backend_transports(b) for b in backend_names()]
+    doc["$defs"] = defs
+    return doc
 
 
 def _backend_transports(backend: str) -> dict[str, Any]:
@@ -116,39 +110,4 @@ def _backend_transports(backend: str) -> dict[str, Any]:
 
 def schema_text() -> str:
     """The checked-in file's text: ``profile_schema()`` as indented JSON."""
-    return json.dumps(profile_schema(), indent=2, ensure_ascii=False) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m collectives.schema [--check] [PATH]``: write the schema to PATH (default
-    the repository's ``profiles/schema/profile-v1.schema.json``), or with ``--check`` exit 1
-    when PATH differs from what the registry generates."""
-    parser = argparse.ArgumentParser(prog="python -m collectives.schema",
-                                     description="Generate the profile JSON Schema.")
-    parser.add_argument("path", nargs="?", default=SCHEMA_FILE,
-                        help=f"the schema file (default {SCHEMA_FILE})")
-    parser.add_argument("--check", action="store_true",
-                        help="only check that the file is current")
-    args = parser.parse_args(argv)
-    text = schema_text()
-    if args.check:
-        try:
-            with open(args.path, encoding="utf-8") as fh:
-                current = fh.read() == text
-        except OSError as exc:
-            print(f"{args.path}: cannot read ({exc.strerror}); run make schema", file=sys.stderr)
-            return 1
-        if not current:
-            print(f"{args.path}: out of date with the algorithm registry; run make schema",
-                  file=sys.stderr)
-            return 1
-        return 0
-    from .atomic import write_text_atomic
-
-    write_text_atomic(args.path, text)
-    print(f"wrote {args.path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return _text(profile_schema())

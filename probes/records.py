@@ -12,11 +12,24 @@ refusal. Then:
   declaration and builds the record; the first problem raises ``RecordError`` with one line
   ``key.path: what is wrong, got VALUE`` (the caller puts the file name in front);
 - ``json_schema(cls, names)`` is the JSON Schema (draft 2020-12) of the same declaration;
+- ``schema_document(cls, ...)`` is that fragment as a whole schema file (``$schema``,
+  ``$id``, title, description);
 - ``required_keys(cls)``, ``optional_keys(cls)``: the keys, in declaration order.
 
-Checks across fields (sorted and contiguous rules, permutations, products, indexes into
-other lists) and the names a registry knows (``declare(names=...)``: the schema lists them,
-the loader asks the registry) stay explicit functions of each module, run after this pass.
+Two class attributes extend a declaration where a field alone cannot say it:
+
+- ``__header__``: another record whose keys a file may hold beside this record's own, checked
+  like them but not passed to the constructor: what a file says of itself (``format``,
+  ``version``) and of values the record derives (a topology's ``fingerprint``); the writer
+  fills the same record, so what is written is what is read;
+- ``__check__(self, where)``: the record's checks across its fields (indexes into other
+  lists, products, sums), run by ``load`` right after the record is built (``where``: its
+  key path), raising ``RecordError``; a JSON Schema cannot say them, so each schema's
+  description names them.
+
+The names a registry knows (``declare(names=...)``: the schema lists them, the loader asks
+the registry) and the profile's rule checks stay functions of their module
+(``collectives.profile``), run after this pass.
 
 One rule holds for every number of every record: finite, and without declared bounds
 ``0 ≤ n ≤ 2⁶³−1`` (counts, sizes, indexes, rates and times are never negative; a larger
@@ -29,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import re
 import types
@@ -65,6 +79,7 @@ class Spec:
     shape: str = ""
     min_len: int | None = None
     max_len: int | None = None
+    cap: str = ""
     min_items: int | None = None
     max_items: int | None = None
     noun: str = "entries"
@@ -89,6 +104,8 @@ def declare(default: Any = dataclasses.MISSING, *,
     - ``choices``: the values allowed (one choice: the constant the key must hold);
     - ``pattern`` (matched whole), ``min_len``, ``max_len``: of a string; ``shape``: what
       the value is, for messages (``"a fraction 0..1"``), instead of words from the checks;
+    - ``cap``: why a number may not exceed ``le``, said (after ``VALUE noun;``) when it
+      does, in place of the generic words: a cap of cost rather than of sense;
     - ``min_items``/``max_items`` of a list, checked before any item is converted, with
       ``noun`` (``"rules"``) for messages;
     - ``why``: said after a refusal of this key (what to do);
@@ -231,6 +248,8 @@ def _scalar(kind: type, spec: Spec) -> Convert:
         number_check = number
 
     def too_large(value: Any, where: str) -> typing.NoReturn:
+        if spec.cap:
+            _fail(where, f"{show(value)} {spec.noun}; {spec.cap}")
         if spec.realistic:
             _fail(where, f"{show(value)} is more than {hi:g}, the most this key may be; give "
                          "a realistic figure (in the units of the key's name)")
@@ -307,12 +326,14 @@ class _Field:
     required: bool
     spec: Spec
     hint: Any
+    #: Passed to the constructor (``False``: a ``__header__`` key, checked only).
+    keep: bool = True
 
 
-@functools.cache
-def _plan(cls: type) -> tuple[tuple[_Field, ...], frozenset[str], str, str]:
-    """(fields, their names, the allowed-keys list, the missing message) of a record,
-    compiled once per class."""
+Hook = Callable[[Any, str], None]
+
+
+def _fields(cls: type, keep: bool) -> list[_Field]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -322,17 +343,35 @@ def _plan(cls: type) -> tuple[tuple[_Field, ...], frozenset[str], str, str]:
         required = spec.required or (f.default is dataclasses.MISSING and
                                      f.default_factory is dataclasses.MISSING)
         out.append(_Field(f.name, _compile(hints[f.name], spec), required, spec,
-                          hints[f.name]))
+                          hints[f.name], keep))
+    return out
+
+
+@functools.cache
+def _plan(cls: type) -> tuple[tuple[_Field, ...], frozenset[str], str, str, Hook | None]:
+    """(fields, their names, the allowed-keys list, the missing message, the ``__check__``
+    hook) of a record, compiled once per class; a ``__header__``'s fields come first."""
+    header = getattr(cls, "__header__", None)
+    out = (_fields(header, keep=False) if header is not None else []) + _fields(cls, True)
     names = frozenset(f.name for f in out)
+    if len(names) != len(out):
+        raise TypeError(f"{cls.__name__}: a key of its __header__ is also one of its fields")
     allowed = ", ".join(f.name for f in out)
     required = ", ".join(f.name for f in out if f.required)
-    return tuple(out), names, allowed, f"missing (required: {required})"
+    hook = getattr(cls, "__check__", None)
+    return tuple(out), names, allowed, f"missing (required: {required})", hook
+
+
+def key_path(where: str, key: str) -> str:
+    """``key`` under ``where`` (``hosts[0]`` + ``numa`` -> ``hosts[0].numa``), for a
+    ``__check__`` hook's ``RecordError``."""
+    return f"{where}.{key}" if where else key
 
 
 def _convert_record(cls: Any, data: Any, where: str) -> Any:
     if not isinstance(data, Mapping):
         _fail(where or "top level", f"expected a mapping of keys, got {show(data)}")
-    fields, names, allowed, missing = _plan(cls)
+    fields, names, allowed, missing, hook = _plan(cls)
     prefix = f"{where}." if where else ""
     for k in data:
         if k not in names:
@@ -344,10 +383,15 @@ def _convert_record(cls: Any, data: Any, where: str) -> Any:
     kwargs = {}
     for f in fields:
         if f.name in data:
-            kwargs[f.name] = f.convert(data[f.name], prefix + f.name)
+            value = f.convert(data[f.name], prefix + f.name)
+            if f.keep:
+                kwargs[f.name] = value
         elif f.required:
             _fail(prefix + f.name, missing)
-    return cls(**kwargs)
+    record = cls(**kwargs)
+    if hook is not None:
+        hook(record, where)
+    return record
 
 
 _R = typing.TypeVar("_R")
@@ -396,6 +440,26 @@ def json_schema(cls: type, names: Mapping[str, Any] | None = None) -> dict[str, 
     out["additionalProperties"] = False
     out["properties"] = {f.name: _field_schema(f.hint, f.spec, names) for f in fields}
     return out
+
+
+#: Where the schema files say they live (``$id``), by file name.
+SCHEMA_BASE = "https://github.com/ringtune/ringtune/profiles/schema/"
+
+
+def schema_document(cls: type, *, file: str, title: str, description: str,
+                    names: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A whole JSON Schema file of record ``cls`` (what ``make schema`` writes under
+    ``profiles/schema/``, as ``file``): ``json_schema`` with the dialect, ``$id``, title
+    and description (say there what the record's ``__check__`` hooks check beyond it)."""
+    body = json_schema(cls, names)
+    body.pop("description", None)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": SCHEMA_BASE + file, "title": title, "description": description, **body}
+
+
+def schema_text(schema: Mapping[str, Any]) -> str:
+    """A schema as its checked-in file holds it: indented JSON, UTF-8 as is."""
+    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 
 def _field_schema(tp: Any, spec: Spec, names: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,18 +16,20 @@ import dataclasses
 import hashlib
 import json
 import math
-import re
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._sysfs import format_cpulist
-from .records import RecordError, declare, load, show
+from .records import RecordError, declare, key_path, load, schema_document, show
 
 FORMAT = "ringtune-topology"
 VERSION = 1
 FINGERPRINT_VERSION = 1
+#: A fingerprint as ``Topology.fingerprint`` writes it (a profile's ``topology.fingerprint``
+#: is one too: ``fingerprint_field``).
+FINGERPRINT_PATTERN = r"sha256:[0-9a-f]{64}"
 
 #: PCIe path classes, best first, as ``nvidia-smi topo -m`` labels them.
 PCIE_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
@@ -60,6 +62,13 @@ MAX_PCI_DEVICES = 4096
 MAX_FILE_BYTES = 4 << 20
 MAX_FILE_VALUES = 1 << 17
 _CAP = "is this the right file?"
+
+
+def fingerprint_field(why: str = "") -> Any:
+    """A declared key holding a fingerprint (``"sha256:"`` and 64 lower-case hex digits),
+    or null: the topology file's and the profile's ``topology.fingerprint``."""
+    return declare(None, pattern=FINGERPRINT_PATTERN, max_len=len("sha256:") + 64,
+                   shape="'sha256:' and 64 lower-case hex digits", why=why)
 
 
 def _cpus(default: Any = ()) -> Any:
@@ -202,6 +211,43 @@ class Host:
                 return d
         return None
 
+    def __check__(self, where: str) -> None:
+        """One host's facts agree with each other: NUMA ids, distances, GPU indexes and
+        pairs, the NUMA nodes devices name (``probes.records`` runs it on loading)."""
+        ids = [x.id for x in self.numa]
+        if len(set(ids)) != len(ids):
+            raise RecordError(key_path(where, "numa"), f"node ids {ids} repeat; each node once")
+        for ni, node in enumerate(self.numa):
+            if node.distances and len(node.distances) != len(self.numa):
+                raise RecordError(key_path(where, f"numa[{ni}].distances"),
+                                  f"{len(node.distances)} distances, expected one per NUMA "
+                                  f"node ({len(self.numa)}) or none")
+        seen: set[int] = set()
+        for gi, g in enumerate(self.gpus):
+            if g.index in seen:
+                raise RecordError(key_path(where, f"gpus[{gi}].index"),
+                                  f"{g.index} is listed twice; each GPU once, with its own "
+                                  "index")
+            seen.add(g.index)
+            self.check_numa(g.numa_node, key_path(where, f"gpus[{gi}].numa_node"))
+        for ni, nic in enumerate(self.nics):
+            self.check_numa(nic.numa_node, key_path(where, f"nics[{ni}].numa_node"))
+        for pi, dev in enumerate(self.pci):
+            self.check_numa(dev.numa_node, key_path(where, f"pci[{pi}].numa_node"))
+        n = len(self.gpus)
+        for pi, p in enumerate(self.gpu_pairs):
+            if not (0 <= p.a < n and 0 <= p.b < n and p.a != p.b):
+                raise RecordError(key_path(where, f"gpu_pairs[{pi}]"),
+                                  f"GPUs {p.a},{p.b} are not two different GPUs of the {n} "
+                                  "listed")
+
+    def check_numa(self, node: int | None, where: str) -> None:
+        """``RecordError`` at ``where`` unless ``node`` is one of this host's NUMA nodes
+        (or unknown, or the host lists none)."""
+        if node is not None and self.numa and node not in {x.id for x in self.numa}:
+            raise RecordError(where, f"{node} is not a NUMA node of this host (it lists "
+                                     f"{', '.join(str(x.id) for x in self.numa)})")
+
     def numa_of_cpus(self, cpus: Sequence[int]) -> int | None:
         """The NUMA node holding all of ``cpus``, else ``None`` (unbound or spread)."""
         want = set(cpus)
@@ -244,8 +290,24 @@ class Links:
 
 
 @dataclass(frozen=True)
+class TopologyHeader:
+    """What a topology file says of itself and of what its facts give: the ``format`` and
+    ``version`` it is written in, the ``fingerprint`` and ``summary`` ``ringtune probe``
+    wrote. Checked on reading, never trusted: both are recomputed from the facts, so a
+    hand-written file may leave all four out (``Topology.__header__``)."""
+
+    format: str = declare(FORMAT, choices=(FORMAT,), why="not a ringtune topology file")
+    version: int = declare(VERSION, choices=(VERSION,),
+                           why=f"this ringtune reads topology version {VERSION}")
+    fingerprint: str | None = fingerprint_field("or leave it out: it is recomputed")
+    summary: str | None = declare(None, why="or leave it out: it is recomputed")
+
+
+@dataclass(frozen=True)
 class Topology:
     """Hosts, rank layout and (optionally) measured links of one MPI world."""
+
+    __header__ = TopologyHeader
 
     hosts: tuple[Host, ...] = declare((), required=True, min_items=1, max_items=MAX_HOSTS,
                                       noun="hosts", why="one entry per host")
@@ -255,6 +317,46 @@ class Topology:
     #: Scores and ring orders computed from the (immutable) facts; not part of equality.
     _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False,
                                    compare=False, hash=False)
+
+    def __check__(self, where: str) -> None:
+        """The rank layout and the link matrices agree with the hosts (``probes.records``
+        runs it on loading, after each host's own ``Host.__check__``): ranks listed in
+        order, host, GPU and NUMA indexes that exist, local ranks distinct and below their
+        host's rank count, one matrix row and column per rank."""
+        counts = self.ranks_per_host()
+        seen: set[tuple[int, int]] = set()
+        for i, place in enumerate(self.ranks):
+            at = key_path(where, f"ranks[{i}]")
+            if place.rank != i:
+                raise RecordError(f"{at}.rank", f"expected {i} (ranks listed in order), got "
+                                                f"{place.rank}")
+            if not 0 <= place.host < len(self.hosts):
+                raise RecordError(f"{at}.host", f"{place.host} is not a host index "
+                                                f"0..{len(self.hosts) - 1}")
+            host = self.hosts[place.host]
+            if place.gpu is not None and not 0 <= place.gpu < len(host.gpus):
+                raise RecordError(f"{at}.gpu", f"{place.gpu} is not a GPU of host {place.host} "
+                                               f"(it lists {len(host.gpus)})")
+            host.check_numa(place.numa_node, f"{at}.numa_node")
+        for i, place in enumerate(self.ranks):
+            if place.local_rank >= counts[place.host]:
+                raise RecordError(key_path(where, f"ranks[{i}].local_rank"),
+                                  f"{place.local_rank}, but host {place.host} has "
+                                  f"{counts[place.host]} ranks (local ranks "
+                                  f"0..{counts[place.host] - 1})")
+            if (place.host, place.local_rank) in seen:
+                raise RecordError(key_path(where, f"ranks[{i}].local_rank"),
+                                  f"{place.local_rank} is already another rank's on host "
+                                  f"{place.host}; local ranks differ")
+            seen.add((place.host, place.local_rank))
+        if self.links is not None:
+            n = len(self.ranks)
+            for key in ("bandwidth_gbps", "latency_us"):
+                m = getattr(self.links, key)
+                if len(m) != n or any(len(row) != n for row in m):
+                    raise RecordError(key_path(where, f"links.{key}"),
+                                      f"expected a {n}x{n} matrix (one row and column per "
+                                      "rank)")
 
     # -- shape ------------------------------------------------------------------------
 
@@ -286,8 +388,8 @@ class Topology:
         """Plain data (lists, dicts, numbers, strings): what ``to_yaml``/JSON write."""
         data = _to_data(self)
         assert isinstance(data, dict)
-        return {"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint(),
-                "summary": self.summary(), **data}
+        header = TopologyHeader(fingerprint=self.fingerprint(), summary=self.summary())
+        return {**dataclasses.asdict(header), **data}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1) + "\n"
@@ -309,8 +411,8 @@ class Topology:
         except InputError as exc:
             raise TopologyError(str(exc)) from None
         try:
-            return _from_dict(data)
-        except TopologyError as exc:
+            return load(Topology, data)
+        except RecordError as exc:
             raise TopologyError(f"{source}: {exc}") from None
 
     @classmethod
@@ -470,6 +572,33 @@ class Topology:
         return self.ring_orders(1)[0]
 
 
+#: The topology schema's file name under ``profiles/schema/`` (``make schema`` writes it).
+SCHEMA_FILE = f"topology-v{VERSION}.schema.json"
+
+
+def topology_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a topology file, from the same declarations the
+    loader checks (``Topology`` and its header): for editors and other tools; the loader
+    (``probes.load_topology``) is the authority and also checks what the description
+    lists."""
+    return schema_document(
+        Topology, file=SCHEMA_FILE, title=f"ringtune topology, version {VERSION}",
+        description=(
+            "What `ringtune probe --out` writes and RINGTUNE_TOPOLOGY / --topology read "
+            "(docs/probes.md): hosts, rank layout and measured links of one MPI world. "
+            "Generated from the declared records in probes/topology.py by `python -m "
+            "autotune.schemas` (make schema): do not edit by hand. fingerprint and summary "
+            "are recomputed from the facts. probes.load_topology checks everything here "
+            "and, in addition, what a schema cannot express: CPU lists written as text are "
+            f"numbers and ranges (0-3,8) below {MAX_CPUS:,}; on each host NUMA ids distinct, one "
+            "distance per NUMA node, GPU indexes distinct, gpu_pairs naming two different "
+            "listed GPUs, every numa_node one of the host's nodes; ranks listed in order "
+            "with existing host and GPU indexes, local ranks distinct and below their host's "
+            "rank count; links matrices of one row and column per rank; and YAML's 1.0 is a "
+            f"float where an integer is meant. A file is at most {MAX_FILE_BYTES >> 20} MiB "
+            f"and {MAX_FILE_VALUES:,} values."))
+
+
 def _best_nic_label(hosts: Sequence[Host]) -> str:
     best: Nic | None = None
     rank = {"infiniband": 3, "roce": 2, "ethernet": 1}
@@ -507,9 +636,6 @@ def _to_data(obj: Any, name: str = "") -> Any:
     return obj
 
 
-_FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
-
-
 def _cpu_list(text: str, where: str) -> tuple[int, ...]:
     """A CPU list as sysfs writes it (``"0-3,8,10-11"``), strictly: a file is refused for
     a malformed part or a CPU number of ``MAX_CPUS`` or more (``parse_cpulist``, which reads
@@ -521,117 +647,17 @@ def _cpu_list(text: str, where: str) -> tuple[int, ...]:
     for part in body.split(","):
         part = part.strip()
         if not part:
-            raise TopologyError(f"{where}: {show(text)} has an empty part; write CPUs as "
-                                "0-3,8 (numbers and ranges, one comma between)")
+            raise RecordError(where, f"{show(text)} has an empty part; write CPUs as 0-3,8 "
+                                     "(numbers and ranges, one comma between)")
         lo, sep, hi = part.partition("-")
         try:
             first = int(lo)
             last = int(hi) if sep else first
         except ValueError:
-            raise TopologyError(f"{where}: {show(part)} is not a CPU number or a range such "
-                                "as 0-3") from None
+            raise RecordError(where, f"{show(part)} is not a CPU number or a range such as "
+                                     "0-3") from None
         if not 0 <= first <= last < MAX_CPUS:
-            raise TopologyError(f"{where}: CPU range {show(part)}: expected 0 ≤ first ≤ last "
-                                f"< {MAX_CPUS}")
+            raise RecordError(where, f"CPU range {show(part)}: expected 0 ≤ first ≤ last < "
+                                     f"{MAX_CPUS}")
         cpus.update(range(first, last + 1))
     return tuple(sorted(cpus))
-
-
-def _check_numa(h: Host, node: int | None, where: str) -> None:
-    """A NUMA node number must be one of the host's nodes, when it lists them."""
-    if node is not None and h.numa and node not in {x.id for x in h.numa}:
-        raise TopologyError(f"{where}: {node} is not a NUMA node of this host (it lists "
-                            f"{', '.join(str(x.id) for x in h.numa)})")
-
-
-def _check_host(h: Host, where: str) -> None:
-    """One host's facts agree with each other: GPU indexes, NUMA nodes, distances."""
-    ids = [x.id for x in h.numa]
-    if len(set(ids)) != len(ids):
-        raise TopologyError(f"{where}.numa: node ids {ids} repeat; each node once")
-    for ni, node in enumerate(h.numa):
-        if node.distances and len(node.distances) != len(h.numa):
-            raise TopologyError(f"{where}.numa[{ni}].distances: {len(node.distances)} "
-                                f"distances, expected one per NUMA node ({len(h.numa)}) or "
-                                "none")
-    seen: set[int] = set()
-    for gi, g in enumerate(h.gpus):
-        if g.index in seen:
-            raise TopologyError(f"{where}.gpus[{gi}].index: {g.index} is listed twice; each "
-                                "GPU once, with its own index")
-        seen.add(g.index)
-        _check_numa(h, g.numa_node, f"{where}.gpus[{gi}].numa_node")
-    for ni, nic in enumerate(h.nics):
-        _check_numa(h, nic.numa_node, f"{where}.nics[{ni}].numa_node")
-    for pi, dev in enumerate(h.pci):
-        _check_numa(h, dev.numa_node, f"{where}.pci[{pi}].numa_node")
-
-
-def _from_dict(data: Any) -> Topology:
-    if not isinstance(data, Mapping):
-        raise TopologyError(f"top level: expected a mapping with 'hosts', got {show(data)}")
-    data = dict(data)
-    fmt = data.pop("format", FORMAT)
-    if fmt != FORMAT:
-        raise TopologyError(f"format: expected {FORMAT!r}, got {show(fmt)}")
-    version = data.pop("version", VERSION)
-    if type(version) is not int or version != VERSION:
-        raise TopologyError(f"version: expected {VERSION}, got {show(version)} (this ringtune "
-                            f"reads version {VERSION})")
-    # Derived facts, recomputed from the others; what a file says of them is still checked.
-    fp = data.pop("fingerprint", None)
-    if fp is not None and not (isinstance(fp, str) and _FINGERPRINT_RE.fullmatch(fp)):
-        raise TopologyError(f"fingerprint: expected 'sha256:' and 64 lower-case hex digits "
-                            f"(or leave it out: it is recomputed), got {show(fp)}")
-    summary = data.pop("summary", None)
-    if summary is not None and not isinstance(summary, str):
-        raise TopologyError(f"summary: expected a string (or leave it out: it is "
-                            f"recomputed), got {show(summary)}")
-    try:
-        topo = load(Topology, data)
-    except RecordError as exc:
-        raise TopologyError(str(exc)) from None
-    _check(topo)
-    return topo
-
-
-def _check(t: Topology) -> None:
-    """Cross-field checks the types alone do not catch."""
-    for hi, h in enumerate(t.hosts):
-        n = len(h.gpus)
-        where = f"hosts[{hi}]"
-        _check_host(h, where)
-        for pi, p in enumerate(h.gpu_pairs):
-            if not (0 <= p.a < n and 0 <= p.b < n and p.a != p.b):
-                raise TopologyError(f"hosts[{hi}].gpu_pairs[{pi}]: GPUs {p.a},{p.b} are not "
-                                    f"two different GPUs of the {n} listed")
-    for i, place in enumerate(t.ranks):
-        if place.rank != i:
-            raise TopologyError(f"ranks[{i}].rank: expected {i} (ranks listed in order), "
-                                f"got {place.rank}")
-        if not 0 <= place.host < len(t.hosts):
-            raise TopologyError(f"ranks[{i}].host: {place.host} is not a host index "
-                                f"0..{len(t.hosts) - 1}")
-        ngpu = len(t.hosts[place.host].gpus)
-        if place.gpu is not None and not 0 <= place.gpu < ngpu:
-            raise TopologyError(f"ranks[{i}].gpu: {place.gpu} is not a GPU of host {place.host} "
-                                f"(it lists {ngpu})")
-        _check_numa(t.hosts[place.host], place.numa_node, f"ranks[{i}].numa_node")
-    counts = t.ranks_per_host()
-    seen: set[tuple[int, int]] = set()
-    for i, place in enumerate(t.ranks):
-        if place.local_rank >= counts[place.host]:
-            raise TopologyError(f"ranks[{i}].local_rank: {place.local_rank}, but host "
-                                f"{place.host} has {counts[place.host]} ranks (local ranks "
-                                f"0..{counts[place.host] - 1})")
-        if (place.host, place.local_rank) in seen:
-            raise TopologyError(f"ranks[{i}].local_rank: {place.local_rank} is already "
-                                f"another rank's on host {place.host}; local ranks differ")
-        seen.add((place.host, place.local_rank))
-    if t.links is not None:
-        n = len(t.ranks)
-        for key in ("bandwidth_gbps", "latency_us"):
-            m = getattr(t.links, key)
-            if len(m) != n or any(len(row) != n for row in m):
-                raise TopologyError(f"links.{key}: expected a {n}x{n} matrix (one row and "
-                                    f"column per rank)")
