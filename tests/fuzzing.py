@@ -58,10 +58,11 @@ def sample(items: Iterable[T], name: str) -> Iterator[T]:
     """``items`` (every one with ``RINGTUNE_FUZZ=full``; else the seeded sample). ``name``
     (e.g. the kind of file) gives each set its own stream, so adding variants to one set
     does not change which variants of another are drawn."""
+    chosen = seed()  # checked in either mode: a bad value is named, never ignored
     if mode() == "full":
         yield from items
         return
-    rng = random.Random(seed() * 1_000_003 + zlib.crc32(name.encode()))
+    rng = random.Random(chosen * 1_000_003 + zlib.crc32(name.encode()))
     for item in items:
         if rng.randrange(100) < SAMPLE_PERCENT:
             yield item
