@@ -2,9 +2,11 @@
 
 The job never imports ringtune: it is mpi4py's ``Allreduce`` on float32 buffers, timed per
 size (median of ``--iters`` calls after warm-up, the slowest rank's). ``compare`` starts it
-``--rounds`` times without the file and with it, alternating (so machine noise hits both
-alike), under the library mpi4py loads, and prints one Markdown table: busbw (GB/s, the
-median over rounds) without and with the file, and their ratio::
+``--rounds`` times without the file, with it, and without it again (the A/A control: the
+ratio two identical jobs show here is the noise a with/without ratio must exceed), the
+order rotated each round, under the library mpi4py loads, and prints one Markdown table:
+busbw (GB/s, the median over rounds) without and with the file, their ratio, and the
+control's::
 
     .venv/bin/ringtune export PROFILE --out build/tuning.json     # the profile's library
     .venv/bin/python benchmarks/bench_plain_job.py compare --file build/tuning.json -np 2
@@ -76,11 +78,15 @@ def compare(args: argparse.Namespace) -> None:
     argv = [mpiexec, *(["--oversubscribe"] if "OMPI_MCA_coll_tuned_use_dynamic_rules" in
                       with_file else []), "-n", str(args.np), sys.executable, __file__, "job",
             "--iters", str(args.iters)]
-    runs: dict[bool, list[dict[int, float]]] = {False: [], True: []}
+    # Three arms per round: without the file, with it, and without it again (the A/A
+    # control: how far two identical jobs differ here, the noise a ratio must exceed). The
+    # order rotates each round so that a drift of the machine favours no arm.
+    arms = ("without", "with", "control")
+    runs: dict[str, list[dict[int, float]]] = {a: [] for a in arms}
     for r in range(args.rounds):
-        for use in (False, True):
+        for arm in arms[r % 3:] + arms[:r % 3]:
             env = dict(os.environ)
-            if use:
+            if arm == "with":
                 env.update(with_file)
             elif "OMPI_ALLOW_RUN_AS_ROOT" in with_file:
                 env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -89,19 +95,17 @@ def compare(args: argparse.Namespace) -> None:
                 raise SystemExit(f"bench_plain_job: the job failed ({res.returncode}): "
                                  f"{res.stderr.strip()[-500:]}")
             line = [ln for ln in res.stdout.splitlines() if ln.startswith("{")][-1]
-            runs[use].append({int(k): v for k, v in json.loads(line).items()})
-            print(f"round {r + 1}/{args.rounds} {'with' if use else 'without'} the file",
-                  file=sys.stderr, flush=True)
+            runs[arm].append({int(k): v for k, v in json.loads(line).items()})
+            print(f"round {r + 1}/{args.rounds}: {arm}", file=sys.stderr, flush=True)
     factor = 2 * (args.np - 1) / args.np
     print(f"| size | without the file (GB/s) | with {os.path.basename(path)} (GB/s) | "
-          "with / without |")
-    print("|---|---|---|---|")
+          "with / without | A/A control: without / without |")
+    print("|---|---|---|---|---|")
     for size in SIZES:
-        t0 = statistics.median(x[size] for x in runs[False])
-        t1 = statistics.median(x[size] for x in runs[True])
+        t0, t1, tc = (statistics.median(x[size] for x in runs[a]) for a in arms)
         bw0, bw1 = factor * size / t0 / 1e9, factor * size / t1 / 1e9
         label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
-        print(f"| {label} | {bw0:.3f} | {bw1:.3f} | {t0 / t1:.2f}x |")
+        print(f"| {label} | {bw0:.3f} | {bw1:.3f} | {t0 / t1:.2f}x | {t0 / tc:.2f}x |")
 
 
 def main() -> None:
@@ -112,7 +116,7 @@ def main() -> None:
     c = sub.add_parser("compare")
     c.add_argument("--file", required=True)
     c.add_argument("-np", "--np", type=int, default=2)
-    c.add_argument("--rounds", type=int, default=3)
+    c.add_argument("--rounds", type=int, default=5)
     c.add_argument("--iters", type=int, default=20)
     args = p.parse_args()
     job(args.iters) if args.cmd == "job" else compare(args)
