@@ -17,10 +17,13 @@ the right result, bitwise equal on every rank: each candidate is a correct algor
 
 Each exploring call: rank 0 decides what runs and broadcasts it (one small ``bcast``), every
 rank runs it, and one small ``allgather`` shares each rank's time and whether it failed;
-a candidate's time is the slowest rank's, its score the median over its calls. The calls
-race the candidates: each candidate's first call in list order, then more calls (up to
-``samples``) only for the contenders, those within ``prune`` times the best score, the least
-sampled first; a candidate whose first call is slower than that is dropped. A size class
+a candidate's time is the slowest rank's, its score the median over its calls. A class's
+first ``warmup`` calls run the incumbent untimed (they carry the job's own warm-up). Then
+the calls race the candidates: each candidate's first call in list order, then more calls
+(up to ``samples``) only for the contenders, those within ``prune`` times the best; a
+candidate whose first call is slower than that is dropped. Like for like: a candidate
+called once is judged against the best's first call (a first call carries one-off costs),
+else median against median. A size class
 settles on the fastest candidate (a challenger must beat the incumbent by ``margin``) when no
 contender is left to call, or after ``calls`` exploring calls.
 
@@ -58,7 +61,8 @@ explores nothing for the sizes settled there (``tuning.online_settled``).
 Options (keyword ``tune_options={...}`` or environment; keywords win; defaults here):
 ``calls`` ``RINGTUNE_TUNE_CALLS`` (32), ``samples`` ``RINGTUNE_TUNE_SAMPLES`` (3),
 ``share`` ``RINGTUNE_TUNE_SHARE`` (0.1), ``candidates`` ``RINGTUNE_TUNE_CANDIDATES`` (8),
-``margin`` ``RINGTUNE_TUNE_MARGIN`` (0.03), ``prune`` ``RINGTUNE_TUNE_PRUNE`` (1.25). Every
+``margin`` ``RINGTUNE_TUNE_MARGIN`` (0.03), ``prune`` ``RINGTUNE_TUNE_PRUNE`` (1.25),
+``warmup`` ``RINGTUNE_TUNE_WARMUP`` (1). Every
 rank must set the same: ranks that differ fail together at construction, naming them.
 """
 
@@ -119,6 +123,10 @@ class OnlineOptions:
     prune: float = 1.25
     #: Seed of the random draws (rank 0 draws; the same job draws the same candidates).
     seed: int = 0
+    #: First calls of each size class that run the incumbent untimed: a bucket's first
+    #: calls carry the job's own warm-up (DDP's rebuilt buckets touched for the first time,
+    #: the allocator growing), which would make whatever runs then look slow.
+    warmup: int = 1
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,6 +141,7 @@ _BOUNDS: dict[str, tuple[str, type, float, float]] = {
     "margin": ("RINGTUNE_TUNE_MARGIN", float, 0.0, 0.9),
     "prune": ("RINGTUNE_TUNE_PRUNE", float, 1.0, 1e6),
     "seed": ("RINGTUNE_TUNE_SEED", int, 0, 2**31),
+    "warmup": ("RINGTUNE_TUNE_WARMUP", int, 0, 1000),
 }
 
 
@@ -241,6 +250,8 @@ class SizeClass:
         self.spent = 0.0
         self.winner: int | None = None
         self.reason = ""
+        #: Warm-up calls made (the incumbent, untimed).
+        self.warming = 0
 
     def score(self, i: int) -> float | None:
         """Candidate ``i``'s median time (seconds), ``None`` before its first call."""
@@ -276,16 +287,26 @@ class SizeClass:
             return (self.opts.prune - 1.0) * b[1]
         return max(0.0, s - b[1])
 
+    def behind(self, i: int, best: int) -> float:
+        """How many times slower candidate ``i`` is than candidate ``best``, like for like:
+        a candidate called once against the best's first call (a first call carries one-off
+        costs: pages of scratch touched, connections opened), else median against median."""
+        if len(self.times[i]) == 1:
+            s, b = self.times[i][0], self.times[best][0]
+        else:
+            s, b = self.score(i) or 0.0, self.score(best) or 0.0
+        return s / b if b > 0 else (math.inf if s > 0 else 1.0)
+
     def pending(self) -> list[int]:
         """The candidates still to be called, in the order they should be: those never
-        called (list order), then contenders (score within ``prune`` times the best) short of
-        ``samples`` calls, the least sampled and then the fastest first."""
+        called (list order), then contenders (within ``prune`` times the best, ``behind``)
+        short of ``samples`` calls, the least sampled and then the fastest first."""
         live = [i for i in range(len(self.candidates)) if i not in self.dropped]
         fresh = [i for i in live if not self.times[i]]
         b = self.best()
         contenders = [i for i in live if self.times[i]
                       and len(self.times[i]) < self.opts.samples and b is not None
-                      and (self.score(i) or 0.0) <= self.opts.prune * b[1]]
+                      and self.behind(i, b[0]) <= self.opts.prune]
         contenders.sort(key=lambda i: (len(self.times[i]), self.score(i) or 0.0, i))
         return fresh + contenders
 
@@ -298,6 +319,10 @@ class SizeClass:
         (``hold``) until the job's time makes room."""
         if self.winner is not None:
             return Decision("settle", self.winner, self.candidates[self.winner], self.reason)
+        if self.warming < self.opts.warmup:
+            self.warming += 1
+            return Decision("hold", 0, self.candidates[0],
+                            f"warm-up call {self.warming} of {self.opts.warmup}")
         order = self.pending()
         if not order:
             return self._settle("every candidate measured")
@@ -328,9 +353,11 @@ class SizeClass:
         before = self.best()
         self.times[index].append(seconds)
         if len(self.times[index]) == 1 and before is not None and index != before[0] \
-                and seconds > self.opts.prune * before[1]:
-            self.dropped[index] = (f"too slow: {seconds * 1e6:.1f} us > {self.opts.prune:g} x "
-                                   f"best {before[1] * 1e6:.1f} us")
+                and self.behind(index, before[0]) > self.opts.prune:
+            first = self.times[before[0]][0]
+            self.dropped[index] = (f"too slow: first call {seconds * 1e6:.1f} us > "
+                                   f"{self.opts.prune:g} x the best's first "
+                                   f"{first * 1e6:.1f} us")
             return self.dropped[index]
         if len(self.times[index]) >= self.opts.samples:
             s = self.score(index)

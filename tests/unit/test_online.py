@@ -53,6 +53,9 @@ def _run(sc: SizeClass, times: dict[str, list[float]], job: float = 1e9) -> list
     seen: list[str] = []
     for _ in range(1000):
         d = sc.decide(job)
+        if d.action == "hold":
+            assert "warm-up" in d.reason and d.index == 0 and sc.warming <= sc.opts.warmup
+            continue
         seen.append(f"{d.action}:{d.config.algorithm}")
         if d.action == "settle":
             return seen
@@ -86,6 +89,30 @@ def test_only_contenders_are_called_again() -> None:
     assert sc.times[0] == [1.0] and sc.winner == 1
 
 
+def test_the_first_calls_warm_up_on_the_incumbent_untimed() -> None:
+    sc = SizeClass(4096, [A, B], OnlineOptions(warmup=2))
+    for n in (1, 2):
+        d = sc.decide(0.0)
+        assert (d.action, d.index, d.reason) == ("hold", 0, f"warm-up call {n} of 2")
+    assert sc.decide(0.0).action == "run" and sc.calls == 0 and sc.times == [[], []]
+    assert SizeClass(4096, [A, B], OnlineOptions(warmup=0)).decide(0.0).action == "run"
+
+
+def test_a_first_call_is_judged_against_the_best_first_call() -> None:
+    # A first call carries one-off costs: rhd's first (1.4) is 1.4x native's median (1.0)
+    # but within 1.25x native's own first call (1.2): it stays, is called again, and wins.
+    sc = SizeClass(4096, [A, B], OnlineOptions(samples=3, warmup=0))
+    seen = _run(sc, {"native": [1.2, 1.0, 1.0], "rhd": [1.4, 0.8, 0.8]})
+    assert seen == ["run:native", "run:rhd", "run:native", "run:rhd", "run:native",
+                    "run:rhd", "settle:rhd"]
+    assert sc.dropped == {} and sc.winner == 1
+    # A first call beyond prune x the best's first is dropped (and says against what).
+    sc = SizeClass(4096, [A, B], OnlineOptions(samples=3, warmup=0))
+    _run(sc, {"native": [1.0], "rhd": [1.3]})
+    assert sc.dropped[1] == ("too slow: first call 1300000.0 us > 1.25 x the best's first "
+                             "1000000.0 us")
+
+
 def test_a_challenger_within_the_margin_keeps_the_incumbent() -> None:
     sc = SizeClass(4096, [A, B], OnlineOptions(samples=1, margin=0.05))
     _run(sc, {"native": [1.0], "rhd": [0.97]})
@@ -104,7 +131,7 @@ def test_a_slow_candidate_is_dropped_after_one_call() -> None:
 
 
 def test_a_failed_candidate_is_dropped_and_never_wins() -> None:
-    sc = SizeClass(4096, [A, B], OnlineOptions(samples=2))
+    sc = SizeClass(4096, [A, B], OnlineOptions(samples=2, warmup=0))
     d = sc.decide(1e9)
     assert d.config == A
     sc.report(d.index, 1.0)
@@ -127,7 +154,8 @@ def test_the_call_budget_settles_on_the_best_so_far() -> None:
 
 
 def test_a_call_runs_only_when_its_predicted_extra_fits_the_share() -> None:
-    sc = SizeClass(4096, [A, B, C], OnlineOptions(samples=2, share=0.1, prune=2.0))
+    sc = SizeClass(4096, [A, B, C], OnlineOptions(samples=2, share=0.1, prune=2.0,
+                                                  warmup=0))
     # Nothing measured: the incumbent runs whatever the budget (what the job runs untuned).
     assert sc.decide(job_seconds=0.0).action == "run"
     sc.report(0, 1.0)
