@@ -23,14 +23,15 @@ the calls race the candidates: each candidate's first call in list order, then m
 (up to ``samples``) only for the contenders, those within ``prune`` times the best; a
 candidate whose first call is slower than that is dropped. Like for like: a candidate
 called once is judged against the best's first call (a first call carries one-off costs),
-else median against median. A size class
-settles on the fastest candidate (a challenger must beat the incumbent by ``margin``) when no
-contender is left to call, or after ``calls`` exploring calls.
+else median against median. A size class settles on the fastest candidate (a challenger
+must beat the incumbent by ``margin``) when no contender is left to call, or after
+``calls`` exploring calls.
 
 The ``share`` budget: what exploring has cost so far beyond the best candidates' times, over
 all size classes together, plus what the next call is predicted to cost beyond the best (a
-measured candidate's score minus the best's; ``prune - 1`` times the best for one never
-called, the most a candidate kept can cost) must fit in ``share`` of the job's time so far,
+measured candidate's score minus the best's; for one never called, ``prune`` times the
+best's first call minus the best's score, the most a first call that is kept can cost) must
+fit in ``share`` of the job's time so far,
 or the call runs the best so far untimed (after the bcast only) and exploring waits for the
 job's time to make room. Charging the prediction before the call is what keeps one call of
 a bad candidate on a large bucket from overshooting the share; what no check can foresee
@@ -114,12 +115,12 @@ class OnlineOptions:
     candidates: int = 8
     #: A challenger replaces the incumbent only when faster by this fraction.
     margin: float = 0.03
-    #: A candidate whose first call takes more than this many times the best score is
-    #: dropped, and only candidates within it of the best are called again (for their
-    #: ``samples``); an uncalled candidate is charged ``prune - 1`` times the best before
-    #: its first call. 1.25: a candidate 25% slower than the best on one call is
-    #: clearly worse beyond this machine's call-to-call noise, and each call of it would
-    #: cost the job a quarter of the bucket's best time.
+    #: A candidate whose first call takes more than this many times the best's first call
+    #: is dropped, and only candidates within it of the best are called again (for their
+    #: ``samples``); an uncalled candidate is charged what a first call within it would
+    #: cost beyond the best (``SizeClass.predicted_extra``). 1.25: a candidate 25% slower
+    #: than the best on one call is clearly worse beyond a quiet machine's call-to-call
+    #: noise, and each further call of it would cost a quarter of the bucket's best time.
     prune: float = 1.25
     #: Seed of the random draws (rank 0 draws; the same job draws the same candidates).
     seed: int = 0
@@ -231,8 +232,8 @@ class SizeClass:
     choice); a challenger must beat its score by ``opts.margin`` to win.
 
     The order is a race: every candidate's first call in list order (the incumbent, the
-    guesses, the random draws), then the remaining samples of the contenders only (a
-    candidate whose score is within ``prune`` times the best), the least sampled first.
+    guesses, the random draws), then the remaining samples of the contenders only (within
+    ``prune`` times the best, like for like: ``behind``), the least sampled first.
     Before each exploring call the call's predicted cost beyond the best is charged against
     the ``share`` budget (``predicted_extra``); a call that does not fit is not made."""
 
@@ -275,16 +276,17 @@ class SizeClass:
 
     def predicted_extra(self, i: int) -> float:
         """What one more call of candidate ``i`` is expected to cost beyond the best: its own
-        score minus the best's once measured; before its first call, ``prune - 1`` times the
-        best's (the most a candidate that is kept can cost: a slower one is dropped after
-        that call, so its excess beyond this is the one overshoot no check can foresee).
-        Nothing before any candidate is measured: the incumbent runs then, as untuned."""
+        score minus the best's once measured; before its first call, ``prune`` times the
+        best's first call minus the best's score (the most a first call that is kept can
+        cost: a slower one is dropped after that call, so its excess beyond this is the one
+        overshoot no check can foresee). Nothing before any candidate is measured: the
+        incumbent runs then, as untuned."""
         b = self.best()
         if b is None:
             return 0.0
         s = self.score(i)
         if s is None:
-            return (self.opts.prune - 1.0) * b[1]
+            return max(0.0, self.opts.prune * self.times[b[0]][0] - b[1])
         return max(0.0, s - b[1])
 
     def behind(self, i: int, best: int) -> float:

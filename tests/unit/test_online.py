@@ -159,7 +159,8 @@ def test_a_call_runs_only_when_its_predicted_extra_fits_the_share() -> None:
     # Nothing measured: the incumbent runs whatever the budget (what the job runs untuned).
     assert sc.decide(job_seconds=0.0).action == "run"
     sc.report(0, 1.0)
-    # An uncalled candidate is charged (prune - 1) x best = 1.0 s before its first call:
+    # An uncalled candidate is charged prune x the best's first call - the best's score
+    # = 1.0 s before its first call:
     # it does not fit in 0.9 s, the incumbent's second call (nothing beyond the best) does.
     assert sc.predicted_extra(1) == pytest.approx(1.0)
     assert sc.predicted_extra(0) == 0.0
@@ -201,7 +202,7 @@ def _simulate(classes: list[tuple[SizeClass, list[float]]], steps: int,
             before = sc.best()
             sc.report(d.index, times[d.index])
             excess = 0.0 if before is None else max(
-                0.0, times[d.index] - sc.opts.prune * before[1])
+                0.0, times[d.index] - sc.opts.prune * sc.times[before[0]][0])
             trace.append((clock, sum(o.overhead for o, _ in classes), excess))
     return trace
 
@@ -226,9 +227,9 @@ def test_the_share_holds_after_every_call_including_the_call_itself() -> None:
 
 def test_one_bad_candidate_overshoots_by_its_unforeseeable_excess_only() -> None:
     # The overshoot of the old check: a candidate 3x the best on a 0.25 s bucket. Its
-    # predicted extra (prune - 1) x best is charged before it runs; what it takes beyond
-    # prune x best is the only overshoot, it is dropped after that one call, and exploring
-    # waits (holds) until the job's time has made room again.
+    # predicted extra (prune x the best's first call - the best's score) is charged before
+    # it runs; what it takes beyond prune x the best is the only overshoot, it is dropped
+    # after that one call, and exploring waits (holds) until the job's time has made room.
     opts = OnlineOptions(share=0.1, samples=3)
     cands = [Config("multiring", {"rings": r}) for r in range(1, 6)]
     times = [0.25, 0.26, 0.75, 0.27, 0.26]
