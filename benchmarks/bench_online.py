@@ -7,7 +7,8 @@ One job per run, as a user would start them; rank 0 prints one JSON line::
         [--profile FILE] [--tune online --tune-out FILE] --steps 50
 
 The digits MLP of examples/train_digits.py (``--hidden``/``--layers``; 2300x3 is 10.8 M
-parameters, DDP's buckets of 42.4 MB and 0.6 MB), DDP with the ringtune hook, ``--steps``
+parameters: DDP's first step one 43.0 MB bucket, then buckets of 21.3 and 21.8 MB, as
+``RINGTUNE_LOG=info`` shows), DDP with the ringtune hook, ``--steps``
 steps; each step's time is the slowest rank's (an allreduce of the step's time after it).
 With ``--tune online``: the tuner's exploring calls, the seconds they took and the share of
 the job they cost beyond the best candidate's time (``exploring_extra_s``: Σ over

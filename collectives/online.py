@@ -17,19 +17,35 @@ the right result, bitwise equal on every rank: each candidate is a correct algor
 
 Each exploring call: rank 0 decides what runs and broadcasts it (one small ``bcast``), every
 rank runs it, and one small ``allgather`` shares each rank's time and whether it failed;
-a candidate's time is the slowest rank's, its score the median over its calls. A size class
-settles on the fastest candidate (a challenger must beat the incumbent by ``margin``) when
-every candidate is measured, or after ``calls`` exploring calls; exploration pauses (the best
-so far runs, after the bcast only) while the time it cost beyond the best candidates' times,
-over all size classes together, exceeds ``share`` of the job's time so far. A settled class
-runs its winner from the communicator's plan cache, the same path as a fixed profile's plan:
-no per-call cost.
+a candidate's time is the slowest rank's, its score the median over its calls. A class's
+first ``warmup`` calls run the incumbent untimed (they carry the job's own warm-up). Then
+the calls race the candidates: each candidate's first call in list order, then more calls
+(up to ``samples``) only for the contenders, those within ``prune`` times the best; a
+candidate whose first call is slower than that is dropped. Like for like: a candidate
+called once is judged against the best's first call (a first call carries one-off costs),
+else median against median. A size class settles on the fastest candidate (a challenger
+must beat the incumbent by ``margin``) when no contender is left to call, or after
+``calls`` exploring calls.
+
+The ``share`` budget: what exploring has cost so far beyond the best candidates' times, over
+all size classes together, plus what the next call is predicted to cost beyond the best (a
+measured candidate's score minus the best's; for one never called, ``prune`` times the
+best's first call minus the best's score, the most a first call that is kept can cost) must
+fit in ``share`` of the job's time so far,
+or the call runs the best so far untimed (after the bcast only) and exploring waits for the
+job's time to make room. Charging the prediction before the call is what keeps one call of
+a bad candidate on a large bucket from overshooting the share; what no check can foresee
+is the excess of a candidate slower than ``prune`` times the best (dropped after that one
+call) and a faster candidate found late (the earlier calls cost more in hindsight), after
+which exploring waits until the job's time has made up for it. A settled class runs its
+winner from the communicator's plan cache, the same path as a fixed profile's plan: no
+per-call cost.
 
 Safety. Candidates are only configurations the offline tuner could try, checked by the
 algorithm's ``check_params`` before anything runs; a candidate whose preparation is refused
 (``ValueError``/``TypeError``, alike on every rank), whose run raises on any rank (a
 ``StallError`` from ``RINGTUNE_STALL_TIMEOUT`` included), or whose first call is
-``prune`` times slower than the best is dropped on every rank (the failed decision is
+more than ``prune`` times the best is dropped on every rank (the failed decision is
 collective: the allgather), and a call whose candidate failed is restored from a copy and
 completes with the incumbent. A failure that leaves a peer blocked inside the candidate
 cannot be recovered by anyone; set ``RINGTUNE_STALL_TIMEOUT`` to turn such a hang into a
@@ -46,7 +62,8 @@ explores nothing for the sizes settled there (``tuning.online_settled``).
 Options (keyword ``tune_options={...}`` or environment; keywords win; defaults here):
 ``calls`` ``RINGTUNE_TUNE_CALLS`` (32), ``samples`` ``RINGTUNE_TUNE_SAMPLES`` (3),
 ``share`` ``RINGTUNE_TUNE_SHARE`` (0.1), ``candidates`` ``RINGTUNE_TUNE_CANDIDATES`` (8),
-``margin`` ``RINGTUNE_TUNE_MARGIN`` (0.03), ``prune`` ``RINGTUNE_TUNE_PRUNE`` (2.0). Every
+``margin`` ``RINGTUNE_TUNE_MARGIN`` (0.03), ``prune`` ``RINGTUNE_TUNE_PRUNE`` (1.25),
+``warmup`` ``RINGTUNE_TUNE_WARMUP`` (1). Every
 rank must set the same: ranks that differ fail together at construction, naming them.
 """
 
@@ -89,18 +106,28 @@ class OnlineOptions:
     calls: int = 32
     #: Calls per candidate; its score is the median of their slowest-rank times.
     samples: int = 3
-    #: Exploration pauses while its cost beyond the best candidates' times (all size
-    #: classes together) exceeds this share of the job's time since the communicator was
-    #: built. Checked before each exploring call, so the last call may overshoot it.
+    #: An exploring call runs only when the cost of exploring so far beyond the best
+    #: candidates' times (all size classes together) plus the call's predicted extra
+    #: (``SizeClass.predicted_extra``) fits in this share of the job's time since the
+    #: communicator was built; otherwise the best so far runs and exploring waits.
     share: float = 0.1
     #: Candidates per size class (the incumbent, guesses, then random draws).
     candidates: int = 8
     #: A challenger replaces the incumbent only when faster by this fraction.
     margin: float = 0.03
-    #: A candidate whose first call takes this many times the best score is dropped.
-    prune: float = 2.0
+    #: A candidate whose first call takes more than this many times the best's first call
+    #: is dropped, and only candidates within it of the best are called again (for their
+    #: ``samples``); an uncalled candidate is charged what a first call within it would
+    #: cost beyond the best (``SizeClass.predicted_extra``). 1.25: a candidate 25% slower
+    #: than the best on one call is clearly worse beyond a quiet machine's call-to-call
+    #: noise, and each further call of it would cost a quarter of the bucket's best time.
+    prune: float = 1.25
     #: Seed of the random draws (rank 0 draws; the same job draws the same candidates).
     seed: int = 0
+    #: First calls of each size class that run the incumbent untimed: a bucket's first
+    #: calls carry the job's own warm-up (DDP's rebuilt buckets touched for the first time,
+    #: the allocator growing), which would make whatever runs then look slow.
+    warmup: int = 1
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,6 +142,7 @@ _BOUNDS: dict[str, tuple[str, type, float, float]] = {
     "margin": ("RINGTUNE_TUNE_MARGIN", float, 0.0, 0.9),
     "prune": ("RINGTUNE_TUNE_PRUNE", float, 1.0, 1e6),
     "seed": ("RINGTUNE_TUNE_SEED", int, 0, 2**31),
+    "warmup": ("RINGTUNE_TUNE_WARMUP", int, 0, 1000),
 }
 
 
@@ -198,10 +226,16 @@ class Decision:
 
 class SizeClass:
     """Rank 0's exploration of one size class: its candidates, their times, the decision
-    of each call. Pure logic (no communication), so it is tested on its own.
+    of each call. Pure logic (no communication, no clock), so it is tested on its own.
 
     ``candidates[0]`` is the incumbent: what the job runs without tuning (the profile's
-    choice); a challenger must beat its score by ``opts.margin`` to win."""
+    choice); a challenger must beat its score by ``opts.margin`` to win.
+
+    The order is a race: every candidate's first call in list order (the incumbent, the
+    guesses, the random draws), then the remaining samples of the contenders only (within
+    ``prune`` times the best, like for like: ``behind``), the least sampled first.
+    Before each exploring call the call's predicted cost beyond the best is charged against
+    the ``share`` budget (``predicted_extra``); a call that does not fit is not made."""
 
     def __init__(self, nbytes: int, candidates: Sequence[Config], opts: OnlineOptions) -> None:
         if not candidates:
@@ -217,6 +251,8 @@ class SizeClass:
         self.spent = 0.0
         self.winner: int | None = None
         self.reason = ""
+        #: Warm-up calls made (the incumbent, untimed).
+        self.warming = 0
 
     def score(self, i: int) -> float | None:
         """Candidate ``i``'s median time (seconds), ``None`` before its first call."""
@@ -238,29 +274,75 @@ class SizeClass:
         b = self.best()
         return max(0.0, self.spent - self.calls * b[1]) if b else 0.0
 
-    def _next(self) -> int | None:
-        for i in range(len(self.candidates)):
-            if i not in self.dropped and len(self.times[i]) < self.opts.samples:
-                return i
-        return None
+    def predicted_extra(self, i: int) -> float:
+        """What one more call of candidate ``i`` is expected to cost beyond the best: its own
+        score minus the best's once measured; before its first call, ``prune`` times the
+        best's first call minus the best's score (the most a first call that is kept can
+        cost: a slower one is dropped after that call, so its excess beyond this is the one
+        overshoot no check can foresee). Nothing before any candidate is measured: the
+        incumbent runs then, as untuned."""
+        b = self.best()
+        if b is None:
+            return 0.0
+        s = self.score(i)
+        if s is None:
+            return max(0.0, self.opts.prune * self.times[b[0]][0] - b[1])
+        return max(0.0, s - b[1])
+
+    def behind(self, i: int, best: int) -> float:
+        """How many times slower candidate ``i`` is than candidate ``best``, like for like:
+        a candidate called once against the best's first call (a first call carries one-off
+        costs: pages of scratch touched, connections opened), else median against median."""
+        if len(self.times[i]) == 1:
+            s, b = self.times[i][0], self.times[best][0]
+        else:
+            s, b = self.score(i) or 0.0, self.score(best) or 0.0
+        return s / b if b > 0 else (math.inf if s > 0 else 1.0)
+
+    def pending(self) -> list[int]:
+        """The candidates still to be called, in the order they should be: those never
+        called (list order), then contenders (within ``prune`` times the best, ``behind``)
+        short of ``samples`` calls, the least sampled and then the fastest first."""
+        live = [i for i in range(len(self.candidates)) if i not in self.dropped]
+        fresh = [i for i in live if not self.times[i]]
+        b = self.best()
+        contenders = [i for i in live if self.times[i]
+                      and len(self.times[i]) < self.opts.samples and b is not None
+                      and self.behind(i, b[0]) <= self.opts.prune]
+        contenders.sort(key=lambda i: (len(self.times[i]), self.score(i) or 0.0, i))
+        return fresh + contenders
 
     def decide(self, job_seconds: float, elsewhere: float = 0.0) -> Decision:
         """The next call's decision; ``job_seconds``: the job's time so far; ``elsewhere``:
-        what exploring the job's other size classes has cost (the share is the job's)."""
+        what exploring the job's other size classes has cost (the share is the job's).
+
+        The first pending candidate whose predicted extra fits in what is left of
+        ``share * job_seconds`` runs; when none fits, the best so far runs untimed
+        (``hold``) until the job's time makes room."""
         if self.winner is not None:
             return Decision("settle", self.winner, self.candidates[self.winner], self.reason)
-        nxt = self._next()
-        if nxt is None:
+        if self.warming < self.opts.warmup:
+            self.warming += 1
+            return Decision("hold", 0, self.candidates[0],
+                            f"warm-up call {self.warming} of {self.opts.warmup}")
+        order = self.pending()
+        if not order:
             return self._settle("every candidate measured")
         if self.calls >= self.opts.calls:
             return self._settle(f"{self.opts.calls} exploring calls")
         b = self.best()
-        cost = self.overhead + elsewhere
-        if b is not None and cost > self.opts.share * job_seconds:
-            return Decision("hold", b[0], self.candidates[b[0]],
-                            f"exploration paused: {cost:.3g} s beyond the best > "
-                            f"{self.opts.share:g} of {job_seconds:.3g} s")
-        return Decision("run", nxt, self.candidates[nxt])
+        if b is None:
+            return Decision("run", order[0], self.candidates[order[0]])
+        room = self.opts.share * job_seconds - (self.overhead + elsewhere)
+        for i in order:
+            if self.predicted_extra(i) <= room:
+                return Decision("run", i, self.candidates[i])
+        first = order[0]
+        return Decision("hold", b[0], self.candidates[b[0]],
+                        f"exploration paused: {self.overhead + elsewhere:.3g} s beyond the "
+                        f"best + {self.predicted_extra(first):.3g} s predicted for "
+                        f"{self.candidates[first].text()} > {self.opts.share:g} of "
+                        f"{job_seconds:.3g} s")
 
     def report(self, index: int, seconds: float, failure: str = "") -> str:
         """Record an exploring call of candidate ``index``: its slowest-rank time, or why it
@@ -273,9 +355,11 @@ class SizeClass:
         before = self.best()
         self.times[index].append(seconds)
         if len(self.times[index]) == 1 and before is not None and index != before[0] \
-                and seconds > self.opts.prune * before[1]:
-            self.dropped[index] = (f"too slow: {seconds * 1e6:.1f} us > {self.opts.prune:g} x "
-                                   f"best {before[1] * 1e6:.1f} us")
+                and self.behind(index, before[0]) > self.opts.prune:
+            first = self.times[before[0]][0]
+            self.dropped[index] = (f"too slow: first call {seconds * 1e6:.1f} us > "
+                                   f"{self.opts.prune:g} x the best's first "
+                                   f"{first * 1e6:.1f} us")
             return self.dropped[index]
         if len(self.times[index]) >= self.opts.samples:
             s = self.score(index)

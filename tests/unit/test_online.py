@@ -53,6 +53,9 @@ def _run(sc: SizeClass, times: dict[str, list[float]], job: float = 1e9) -> list
     seen: list[str] = []
     for _ in range(1000):
         d = sc.decide(job)
+        if d.action == "hold":
+            assert "warm-up" in d.reason and d.index == 0 and sc.warming <= sc.opts.warmup
+            continue
         seen.append(f"{d.action}:{d.config.algorithm}")
         if d.action == "settle":
             return seen
@@ -62,15 +65,52 @@ def _run(sc: SizeClass, times: dict[str, list[float]], job: float = 1e9) -> list
     raise AssertionError("never settled")
 
 
-def test_each_candidate_runs_its_samples_in_order_and_the_fastest_wins() -> None:
-    sc = SizeClass(1 << 20, [A, B, C], OnlineOptions(samples=2))
+def test_candidates_race_first_calls_in_order_then_contenders_and_the_fastest_wins() -> None:
+    sc = SizeClass(1 << 20, [A, B, C], OnlineOptions(samples=2, prune=2.0))
     seen = _run(sc, {"native": [1.0, 1.0], "rhd": [0.5, 0.7], "multiring": [0.9]})
-    assert seen == ["run:native"] * 2 + ["run:rhd"] * 2 + ["run:multiring"] * 2 + [
-        "settle:rhd"]
+    # Every candidate once in list order, then the contenders (within 2x the best), the
+    # least sampled and then the fastest first.
+    assert seen == ["run:native", "run:rhd", "run:multiring", "run:rhd", "run:multiring",
+                    "run:native", "settle:rhd"]
     assert sc.winner == 1 and sc.reason == "every candidate measured"
     assert sc.score(1) == pytest.approx(0.6)
     # Settled: every later decision repeats the winner.
     assert sc.decide(1e9).action == "settle" and sc.decide(1e9).index == 1
+
+
+def test_only_contenders_are_called_again() -> None:
+    # Default prune (1.25): multiring's 0.9 is dropped against rhd's 0.5 at once, and the
+    # incumbent's 1.0 is no contender any more: its one call is all it costs.
+    sc = SizeClass(1 << 20, [A, B, C], OnlineOptions(samples=3))
+    seen = _run(sc, {"native": [1.0], "rhd": [0.5, 0.6, 0.55], "multiring": [0.9]})
+    assert seen == ["run:native", "run:rhd", "run:multiring", "run:rhd", "run:rhd",
+                    "settle:rhd"]
+    assert "too slow" in sc.dropped[2] and 0 not in sc.dropped
+    assert sc.times[0] == [1.0] and sc.winner == 1
+
+
+def test_the_first_calls_warm_up_on_the_incumbent_untimed() -> None:
+    sc = SizeClass(4096, [A, B], OnlineOptions(warmup=2))
+    for n in (1, 2):
+        d = sc.decide(0.0)
+        assert (d.action, d.index, d.reason) == ("hold", 0, f"warm-up call {n} of 2")
+    assert sc.decide(0.0).action == "run" and sc.calls == 0 and sc.times == [[], []]
+    assert SizeClass(4096, [A, B], OnlineOptions(warmup=0)).decide(0.0).action == "run"
+
+
+def test_a_first_call_is_judged_against_the_best_first_call() -> None:
+    # A first call carries one-off costs: rhd's first (1.4) is 1.4x native's median (1.0)
+    # but within 1.25x native's own first call (1.2): it stays, is called again, and wins.
+    sc = SizeClass(4096, [A, B], OnlineOptions(samples=3, warmup=0))
+    seen = _run(sc, {"native": [1.2, 1.0, 1.0], "rhd": [1.4, 0.8, 0.8]})
+    assert seen == ["run:native", "run:rhd", "run:native", "run:rhd", "run:native",
+                    "run:rhd", "settle:rhd"]
+    assert sc.dropped == {} and sc.winner == 1
+    # A first call beyond prune x the best's first is dropped (and says against what).
+    sc = SizeClass(4096, [A, B], OnlineOptions(samples=3, warmup=0))
+    _run(sc, {"native": [1.0], "rhd": [1.3]})
+    assert sc.dropped[1] == ("too slow: first call 1300000.0 us > 1.25 x the best's first "
+                             "1000000.0 us")
 
 
 def test_a_challenger_within_the_margin_keeps_the_incumbent() -> None:
@@ -91,35 +131,124 @@ def test_a_slow_candidate_is_dropped_after_one_call() -> None:
 
 
 def test_a_failed_candidate_is_dropped_and_never_wins() -> None:
-    sc = SizeClass(4096, [A, B], OnlineOptions(samples=2))
+    sc = SizeClass(4096, [A, B], OnlineOptions(samples=2, warmup=0))
     d = sc.decide(1e9)
+    assert d.config == A
     sc.report(d.index, 1.0)
-    sc.report(sc.decide(1e9).index, 1.0)
     d = sc.decide(1e9)
     assert d.config == B
     sc.report(d.index, 0.001, failure="rank 1: RuntimeError: boom")
     assert sc.dropped[1].startswith("failed: rank 1")
+    d = sc.decide(1e9)
+    assert d.config == A
+    sc.report(d.index, 1.0)
     assert sc.decide(1e9).action == "settle" and sc.winner == 0
 
 
 def test_the_call_budget_settles_on_the_best_so_far() -> None:
     sc = SizeClass(4096, [A, B, C], OnlineOptions(samples=3, calls=4))
     seen = _run(sc, {"native": [1.0], "rhd": [0.5], "multiring": [0.1]})
-    assert seen[-1] == "settle:rhd" and len(seen) == 5
+    assert seen == ["run:native", "run:rhd", "run:multiring", "run:multiring",
+                    "settle:multiring"]
     assert sc.reason == "4 exploring calls"
 
 
-def test_exploration_pauses_beyond_its_share_of_the_job() -> None:
-    sc = SizeClass(4096, [A, B], OnlineOptions(samples=2, share=0.1))
+def test_a_call_runs_only_when_its_predicted_extra_fits_the_share() -> None:
+    sc = SizeClass(4096, [A, B, C], OnlineOptions(samples=2, share=0.1, prune=2.0,
+                                                  warmup=0))
+    # Nothing measured: the incumbent runs whatever the budget (what the job runs untuned).
+    assert sc.decide(job_seconds=0.0).action == "run"
     sc.report(0, 1.0)
+    # An uncalled candidate is charged prune x the best's first call - the best's score
+    # = 1.0 s before its first call:
+    # it does not fit in 0.9 s, the incumbent's second call (nothing beyond the best) does.
+    assert sc.predicted_extra(1) == pytest.approx(1.0)
+    assert sc.predicted_extra(0) == 0.0
+    d = sc.decide(job_seconds=9.0)
+    assert d.action == "run" and d.index == 0
     sc.report(0, 1.0)
+    held = sc.decide(job_seconds=9.0)
+    assert held.action == "hold" and held.index == 0 and "paused" in held.reason
+    assert "1 s predicted for rhd" in held.reason
+    assert sc.decide(job_seconds=10.0).config == B
     sc.report(1, 1.9)  # 0.9 s beyond the best so far
     assert sc.overhead == pytest.approx(0.9)
-    held = sc.decide(job_seconds=5.0)
-    assert held.action == "hold" and held.index == 0 and "paused" in held.reason
-    assert sc.decide(job_seconds=10.0).action == "run"
+    assert sc.predicted_extra(1) == pytest.approx(0.9)
+    assert sc.decide(job_seconds=10.0).action == "hold"
+    # rhd's second call (0.9 s more) fits before multiring's first (1.0 s).
+    assert sc.decide(job_seconds=18.0).config == B
+    assert sc.decide(job_seconds=19.0).config == C
     # The share is the job's: what the other size classes cost counts too.
-    assert sc.decide(job_seconds=10.0, elsewhere=0.2).action == "hold"
+    assert sc.decide(job_seconds=18.0, elsewhere=0.2).action == "hold"
+
+
+def _simulate(classes: list[tuple[SizeClass, list[float]]], steps: int,
+              compute: float) -> list[tuple[float, float, float]]:
+    """A job on a fake clock: each step computes for ``compute`` seconds, then calls each
+    class once, as ``OnlineTuner`` does (``elsewhere``: the other classes' overhead);
+    candidate ``i`` of a class takes ``times[i]`` seconds on every call. Returns, after each
+    exploring call: (the job's time, the exploring cost, the excess of that call's
+    candidate beyond ``prune`` times the best before it: what no check can foresee)."""
+    clock = 0.0
+    trace = []
+    for _ in range(steps):
+        clock += compute
+        for sc, times in classes:
+            elsewhere = sum(o.overhead for o, _ in classes if o is not sc)
+            d = sc.decide(clock, elsewhere)
+            clock += times[d.index]
+            if d.action != "run":
+                continue
+            before = sc.best()
+            sc.report(d.index, times[d.index])
+            excess = 0.0 if before is None else max(
+                0.0, times[d.index] - sc.opts.prune * sc.times[before[0]][0])
+            trace.append((clock, sum(o.overhead for o, _ in classes), excess))
+    return trace
+
+
+def test_the_share_holds_after_every_call_including_the_call_itself() -> None:
+    # Two large buckets that are most of each step, their best found first (no cost in
+    # hindsight), every other candidate 1-25% slower: the budget is never exceeded, not
+    # even by the call checked before it ran (its predicted extra was charged). A check
+    # of the cost so far alone lets the last call before a pause overshoot here.
+    opts = OnlineOptions(share=0.1, samples=3, candidates=8)
+    cands = [Config("multiring", {"rings": r}) for r in range(1, 9)]
+    classes = [
+        (SizeClass(21 << 20, cands, opts), [0.25, 0.3, 0.27, 0.31, 0.26, 0.29, 0.3, 0.28]),
+        (SizeClass(22 << 20, cands, opts), [0.2, 0.21, 0.22, 0.23, 0.24, 0.25, 0.24, 0.23])]
+    trace = _simulate(classes, steps=60, compute=0.05)
+    assert len(trace) > 16  # it explored
+    for clock, cost, excess in trace:
+        assert excess == 0.0
+        assert cost <= opts.share * clock + 1e-9, (clock, cost)
+    assert all(sc.winner == 0 for sc, _ in classes)
+
+
+def test_one_bad_candidate_overshoots_by_its_unforeseeable_excess_only() -> None:
+    # The overshoot of the old check: a candidate 3x the best on a 0.25 s bucket. Its
+    # predicted extra (prune x the best's first call - the best's score) is charged before
+    # it runs; what it takes beyond prune x the best is the only overshoot, it is dropped
+    # after that one call, and exploring waits (holds) until the job's time has made room.
+    opts = OnlineOptions(share=0.1, samples=3)
+    cands = [Config("multiring", {"rings": r}) for r in range(1, 6)]
+    times = [0.25, 0.26, 0.75, 0.27, 0.26]
+    sc = SizeClass(40 << 20, cands, opts)
+    trace = _simulate([(sc, times)], steps=80, compute=0.3)
+    assert "too slow" in sc.dropped[2] and len(sc.times[2]) == 1
+    assert sc.winner == 0
+    bad = [i for i, (_, _, excess) in enumerate(trace) if excess > 0]
+    assert len(bad) == 1
+    for i, (clock, cost, excess) in enumerate(trace):
+        allowed = opts.share * clock + (excess if i == bad[0] else 0.0)
+        if i > bad[0]:
+            # Later calls run only once the share covers the cost again.
+            assert cost <= opts.share * clock + 1e-9, (i, clock, cost)
+        assert cost <= allowed + 1e-9, (i, clock, cost)
+    # The scenario does overshoot: the call fitted its charged 0.0625 s, then took 0.5 s
+    # beyond the best.
+    clock, cost, excess = trace[bad[0]]
+    assert 0.0 < cost - opts.share * clock <= excess == pytest.approx(0.75 - 1.25 * 0.25)
 
 
 def test_a_class_needs_an_incumbent() -> None:
