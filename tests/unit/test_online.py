@@ -335,6 +335,22 @@ def test_candidates_are_the_tuners_own_configurations(world: int, hosts: int,
     assert again == cands
 
 
+@pytest.mark.parametrize("nbytes", [1 << 20, 21 << 20])
+def test_large_classes_across_hosts_also_try_the_pipelined_grid(nbytes: int) -> None:
+    """From PIPELINE_GUESS_BYTES on, the tier-aware grid pipelined (what the offline tuner
+    chose at 64 MiB on the emulated 2 x 2) is a candidate, inside the tuner's space."""
+    from collectives.online import PIPELINE_GUESS_BYTES
+
+    cands = candidate_list(Config("native"), 4, nbytes, 2, 2, OnlineOptions(candidates=8),
+                           random.Random(0), default=Config("native"))
+    piped = Config("hierarchical", {"dims": [2, 2], "rings": 1, "chunk_bytes": 1 << 20,
+                                    "inner": ["multiring", "multiring"], "pipeline": 8})
+    present = normalised(piped, 4) in {normalised(c, 4) for c in cands}
+    assert present == (nbytes >= PIPELINE_GUESS_BYTES)
+    if present:
+        assert in_space(piped, 4, nbytes, 2)
+
+
 def test_nothing_outside_the_space_is_a_candidate() -> None:
     assert not in_space(Config("multiring", {"rings": 16}), 4, 1 << 20)  # space: 1..8
     assert not in_space(Config("multiring", {"rings": 0}), 4, 1 << 20)  # refused
