@@ -24,7 +24,7 @@ TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
 .PHONY: all install extra-venvs test lint unit cli unit-cli fuzz mpi gpu cuda-static gpu-sim \
-	torch-test torchrun-test torchbackend-test torch-emulated emulated tune bench clean schema ompi-test
+	torch-test torchrun-test torchbackend-test torch-lowest torch-emulated emulated tune bench clean schema ompi-test
 
 all: test
 
@@ -190,6 +190,29 @@ torchbackend-test: $(TORCH_VENV)/.installed
 	done
 	timeout 900 $(TORCH_PY) -m pytest -q -p no:cacheprovider tests/torchcli
 
+# The lowest torch pyproject.toml's `torch` extra allows (`torch>=X`, read from there, so the
+# claim and its proof cannot drift), in its own environment: the torchrun and registered-
+# backend suites at 2 ranks. Not part of `make test`: it downloads another torch (GBs); run it
+# when the floor or the torch code changes. `torch==2.7` is 2.7.0 exactly (PEP 440 pads).
+TORCH_LOW_VENV ?= .venv-torch-low
+TORCH_LOW_PY := $(TORCH_LOW_VENV)/bin/python
+TORCH_FLOOR := $(shell sed -n 's/.*"torch>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+$(TORCH_LOW_VENV)/.installed-$(TORCH_FLOOR): pyproject.toml
+	@test -n "$(TORCH_FLOOR)" || { echo "pyproject.toml: no \"torch>=X\" in the torch extra"; exit 1; }
+	test -x $(TORCH_LOW_PY) || $(PYTHON) -m venv $(TORCH_LOW_VENV)
+	$(TORCH_LOW_PY) -m pip install -q --upgrade pip
+	$(TORCH_LOW_PY) -m pip install -q --no-compile -e '.[test,torch,mpich]' 'torch==$(TORCH_FLOOR)'
+	rm -f $(TORCH_LOW_VENV)/.installed-*
+	touch $@
+
+torch-lowest: $(TORCH_LOW_VENV)/.installed-$(TORCH_FLOOR)
+	@$(TORCH_LOW_PY) -c 'import torch; print("== torch", torch.__version__, "(the floor: torch>=$(TORCH_FLOOR))")'
+	@set -e; for suite in torchrun torchbackend; do \
+	  echo "== tests/$$suite under torchrun --nproc-per-node 2, torch $(TORCH_FLOOR)"; \
+	  timeout $(MPI_TEST_TIMEOUT) $(TORCH_LOW_VENV)/bin/torchrun --standalone --nproc-per-node 2 \
+	    --no-python $(TORCH_LOW_PY) -m pytest -q -p no:cacheprovider tests/$$suite; \
+	done
+
 # The emulated-host tests that need PyTorch (DDP's gloo group across hosts, and torchrun
 # jobs across them: `ringtune emulate --launcher torchrun`), in .venv-torch; they skip with
 # the reason without root.
@@ -266,4 +289,4 @@ bench-report: install
 	fi
 
 clean:
-	rm -rf $(VENV) $(CUDA_VENV) $(TORCH_VENV) $(OMPI_VENV) build *.egg-info
+	rm -rf $(VENV) $(CUDA_VENV) $(TORCH_VENV) $(TORCH_LOW_VENV) $(OMPI_VENV) build *.egg-info

@@ -545,6 +545,11 @@ def register_backend() -> None:
             raise ImportError(f"rank {launcher_rank()}: this torch has no torch.distributed: "
                               "the ringtune backend needs it (install a torch build with "
                               "distributed support)")
+        from .engines.torch import missing_torch_feature
+
+        missing = missing_torch_feature()
+        if missing:
+            raise ImportError(f"rank {launcher_rank()}: {missing}")
         dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True,
                                       devices=["cpu", "cuda"])
         _registered = True

@@ -124,6 +124,28 @@ def shard(step: int, n: int, batch: int, rank: int, world: int,
     return idx[rank * batch:(rank + 1) * batch]
 
 
+def capped_ddp(model: nn.Module, bucket_cap_mb: float = 25.0, **kwargs: Any) -> nn.Module:
+    """``DistributedDataParallel(model, bucket_cap_mb=..., **kwargs)`` whose every bucket,
+    the first included, holds at most ``bucket_cap_mb`` MiB: use it where the number of
+    buckets matters (several in flight per step, one per exchange channel).
+
+    Older torch (2.7 among them) capped DDP's first bucket at
+    ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB) whatever ``bucket_cap_mb``
+    said, so a model under 1 MiB always got one bucket; newer torch caps it at
+    ``bucket_cap_mb`` when that is given. DDP reads the module constant while it is built,
+    so lowering it for the construction alone gives every torch the same buckets (on newer
+    torch it changes nothing)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    first = dist._DEFAULT_FIRST_BUCKET_BYTES
+    dist._DEFAULT_FIRST_BUCKET_BYTES = min(first, int(bucket_cap_mb * 1024 * 1024))
+    try:
+        return DDP(model, bucket_cap_mb=bucket_cap_mb, **kwargs)
+    finally:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = first
+
+
 def wrap(model: nn.Module, hook: str, comm: Any = None, bucket_cap_mb: float = 25.0,
          staleness: int = 0, average_every: int = 1,
          bucket_view: bool = False, process_group: Any = None) -> tuple[nn.Module, Any]:
@@ -132,10 +154,8 @@ def wrap(model: nn.Module, hook: str, comm: Any = None, bucket_cap_mb: float = 2
     own allreduce (the group's backend's) does. ``bucket_view``: DDP's
     ``gradient_as_bucket_view`` (gradients live in the buckets: no copy into a bucket
     before its exchange nor back out after it)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=bucket_view,
-              process_group=process_group)
+    ddp = capped_ddp(model, bucket_cap_mb, gradient_as_bucket_view=bucket_view,
+                     process_group=process_group)
     state = None
     if hook == "ringtune":
         from collectives.torch import HookState, ddp_hook

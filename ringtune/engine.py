@@ -61,6 +61,11 @@ def resolve_engine(args: argparse.Namespace) -> str:
     if not dist.is_available():
         raise UsageError("--engine torch: this torch has no torch.distributed; install a "
                          "torch build with distributed support")
+    from collectives.engines.torch import missing_torch_feature
+
+    lacking = missing_torch_feature()
+    if lacking:
+        raise UsageError(f"--engine torch: {lacking}")
     return engine
 
 

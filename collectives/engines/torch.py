@@ -455,6 +455,34 @@ class TorchEngine(Engine):
         return {"engine": self.name, "backend": describe_backends(comm.backends)}
 
 
+#: The lowest torch ringtune supports: pyproject.toml's ``torch`` extra says the same, and
+#: ``make torch-lowest`` runs the torch suites on it.
+TORCH_FLOOR = "2.7"
+
+
+def missing_torch_feature() -> str | None:
+    """What the installed torch lacks for ringtune's torch engine and backend, as one line
+    naming the fix; ``None`` when it has everything. Checked where torch.distributed becomes
+    ringtune's engine (the CLI under torchrun, ``import collectives.torch``) rather than
+    by comparing version strings: a build that has the feature passes whatever it is called.
+
+    The feature: ``ProcessGroup.shutdown``, which ``destroy_process_group`` calls on every
+    group from torch 2.7 on (2.5 and 2.6 call it on NCCL's alone). Without it (torch 2.2)
+    the groups ringtune builds (the ``ringtune`` backend's, a communicator's sub-groups) are
+    freed whenever garbage collection reaches them: their sockets stay open after
+    ``destroy_process_group``, and gloo aborts the process at exit (``terminate called
+    without an active exception``)."""
+    import torch
+
+    c10d = getattr(torch._C, "_distributed_c10d", None)
+    if c10d is not None and callable(getattr(c10d.ProcessGroup, "shutdown", None)):
+        return None
+    return (f"torch {torch.__version__} has no ProcessGroup.shutdown (destroy_process_group "
+            "cannot free the groups ringtune builds; gloo aborts at exit): ringtune's torch "
+            f"engine and backend need torch >= {TORCH_FLOOR}: "
+            f"pip install 'torch>={TORCH_FLOOR}'")
+
+
 def torch_available() -> bool:
     """Whether torch.distributed can be imported here (without importing it twice)."""
     try:
@@ -466,5 +494,5 @@ def torch_available() -> bool:
 
 TORCH_ENGINE = register_engine(TorchEngine())
 
-__all__ = ["TorchComm", "TorchEngine", "TORCH_ENGINE", "MOVERS", "backends_of",
-           "describe_backends", "torch_available"]
+__all__ = ["TorchComm", "TorchEngine", "TORCH_ENGINE", "TORCH_FLOOR", "MOVERS", "backends_of",
+           "describe_backends", "missing_torch_feature", "torch_available"]

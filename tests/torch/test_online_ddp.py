@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from torch import nn
-from train_digits import make_model
+from train_digits import capped_ddp, make_model
 
 from collectives import Communicator
 from collectives.profile import load_profile
@@ -38,11 +38,9 @@ def _env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _wrap(model: nn.Module, comm: Communicator, **tune: Any) -> tuple[nn.Module, Any]:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     from collectives.torch import HookState, ddp_hook
 
-    ddp = DDP(model, bucket_cap_mb=0.004)  # several buckets of a few sizes
+    ddp = capped_ddp(model, 0.004)  # several buckets of a few sizes
     state = HookState(comm, **tune)
     ddp.register_comm_hook(state, ddp_hook)
     return ddp, state

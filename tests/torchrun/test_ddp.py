@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-from train_digits import digits, make_model, shard
+from train_digits import capped_ddp, digits, make_model, shard
 
 from collectives.torch import HookState, ddp_hook
 
@@ -55,10 +54,10 @@ def _train_side_by_side(ddp_ours: nn.Module, ours: nn.Module, ddp_ref: nn.Module
 def test_hook_over_the_world_group_tracks_ddp_over_gloo(comm: Any, channels: int,
                                                         bucket_cap_mb: float) -> None:
     ours, ref = make_model(32, 3), make_model(32, 3)
-    ddp_ours = DDP(ours, bucket_cap_mb=bucket_cap_mb)
+    ddp_ours = capped_ddp(ours, bucket_cap_mb)
     state = HookState(comm, channels=channels)
     ddp_ours.register_comm_hook(state, ddp_hook)
-    ddp_ref = DDP(ref, bucket_cap_mb=bucket_cap_mb)
+    ddp_ref = capped_ddp(ref, bucket_cap_mb)
     bad = _train_side_by_side(ddp_ours, ours, ddp_ref, ref, steps=8)
     if len(state.channels) != channels:
         bad.append(f"{len(state.channels)} channels, expected {channels}")

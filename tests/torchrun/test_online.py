@@ -13,8 +13,7 @@ import tempfile
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-from train_digits import make_model
+from train_digits import capped_ddp, make_model
 
 from collectives import Communicator
 from collectives.profile import load_profile
@@ -72,10 +71,10 @@ def test_online_tuning_over_a_process_group() -> None:
 def test_ddp_with_online_tuning_tracks_ddp_over_gloo() -> None:
     comm = Communicator(dist.group.WORLD)
     ours, ref = make_model(32, 3), make_model(32, 3)
-    ddp_ours = DDP(ours, bucket_cap_mb=0.004)
+    ddp_ours = capped_ddp(ours, 0.004)
     state = HookState(comm, tune="online", tune_options=OPTIONS)
     ddp_ours.register_comm_hook(state, ddp_hook)
-    ddp_ref = DDP(ref, bucket_cap_mb=0.004)
+    ddp_ref = capped_ddp(ref, 0.004)
     bad, _ = track(ours, ddp_ours, ref, ddp_ref, 16, RANK, SIZE, world().allgather, "online")
     if not comm.online.settled:
         bad.append("no bucket size settled")

@@ -113,3 +113,41 @@ def test_the_torch_transport_wants_a_process_group() -> None:
 def test_backends_are_described_as_people_write_them() -> None:
     assert describe_backends({"cpu": "gloo", "cuda": "gloo"}) == "gloo"
     assert describe_backends({"cuda": "nccl", "cpu": "gloo"}) == "cpu:gloo,cuda:nccl"
+
+
+def _stand_in_torch(version: str, with_shutdown: bool) -> Any:
+    """A module shaped like torch as far as ``missing_torch_feature`` looks (no torch
+    needed): ``torch._C._distributed_c10d.ProcessGroup`` with or without ``shutdown``."""
+    import types
+
+    group = type("ProcessGroup", (), {"shutdown": lambda self: None} if with_shutdown else {})
+    torch = types.ModuleType("torch")
+    torch.__version__ = version  # type: ignore[attr-defined]
+    torch._C = types.SimpleNamespace(  # type: ignore[attr-defined]
+        _distributed_c10d=types.SimpleNamespace(ProcessGroup=group))
+    return torch
+
+
+def test_a_torch_below_the_floor_is_one_line_naming_the_fix(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from collectives.engines.torch import TORCH_FLOOR, missing_torch_feature
+
+    monkeypatch.setitem(sys.modules, "torch", _stand_in_torch("2.2.2+cu121", False))
+    msg = missing_torch_feature()
+    assert msg is not None and "\n" not in msg
+    assert "torch 2.2.2+cu121 has no ProcessGroup.shutdown" in msg
+    assert f"pip install 'torch>={TORCH_FLOOR}'" in msg
+    monkeypatch.setitem(sys.modules, "torch", _stand_in_torch("2.7.0", True))
+    assert missing_torch_feature() is None
+
+
+def test_the_floor_is_the_one_pyproject_states() -> None:
+    import re
+    from pathlib import Path
+
+    from collectives.engines.torch import TORCH_FLOOR
+
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert re.findall(r'"torch>=([0-9.]+)"', text) == [TORCH_FLOOR]
