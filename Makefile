@@ -192,8 +192,9 @@ torchbackend-test: $(TORCH_VENV)/.installed
 
 # The lowest torch pyproject.toml's `torch` extra allows (`torch>=X`, read from there, so the
 # claim and its proof cannot drift), in its own environment: the torchrun and registered-
-# backend suites at 2 ranks. Not part of `make test`: it downloads another torch (GBs); run it
-# when the floor or the torch code changes. `torch==2.7` is 2.7.0 exactly (PEP 440 pads).
+# backend suites at 2 ranks, and the CLI under torchrun. Not part of `make test`: it
+# downloads another torch (GBs); run it when the floor or the torch code changes.
+# `torch==2.13` is 2.13.0 exactly (PEP 440 pads).
 TORCH_LOW_VENV ?= .venv-torch-low
 TORCH_LOW_PY := $(TORCH_LOW_VENV)/bin/python
 TORCH_FLOOR := $(shell sed -n 's/.*"torch>=\([0-9.]*\)".*/\1/p' pyproject.toml)
@@ -212,6 +213,7 @@ torch-lowest: $(TORCH_LOW_VENV)/.installed-$(TORCH_FLOOR)
 	  timeout $(MPI_TEST_TIMEOUT) $(TORCH_LOW_VENV)/bin/torchrun --standalone --nproc-per-node 2 \
 	    --no-python $(TORCH_LOW_PY) -m pytest -q -p no:cacheprovider tests/$$suite; \
 	done
+	timeout 900 $(TORCH_LOW_PY) -m pytest -q -p no:cacheprovider tests/torchcli
 
 # The emulated-host tests that need PyTorch (DDP's gloo group across hosts, and torchrun
 # jobs across them: `ringtune emulate --launcher torchrun`), in .venv-torch; they skip with

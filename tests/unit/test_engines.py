@@ -139,7 +139,7 @@ def test_a_torch_below_the_floor_is_one_line_naming_the_fix(
     assert msg is not None and "\n" not in msg
     assert "torch 2.2.2+cu121 has no ProcessGroup.shutdown" in msg
     assert f"pip install 'torch>={TORCH_FLOOR}'" in msg
-    monkeypatch.setitem(sys.modules, "torch", _stand_in_torch("2.7.0", True))
+    monkeypatch.setitem(sys.modules, "torch", _stand_in_torch("2.13.0", True))
     assert missing_torch_feature() is None
 
 
