@@ -12,9 +12,9 @@ bucket), the first calls each run one candidate of the offline tuner's own searc
 (``collectives.candidates``): the loaded profile's choice first (the incumbent), then the
 built-in defaults' choice and cheap guesses (the library's own allreduce, two rings, halving
 and doubling, and across hosts the tier-aware grid, from 8 MiB also pipelined, and the
-library's flat composition) where
-they are in the space, then random configurations of the space. Every call still returns
-the right result, bitwise equal on every rank: each candidate is a correct algorithm.
+library's flat composition) where they are in the space, then random configurations of the
+space. Every call still returns the right result, bitwise equal on every rank: each
+candidate is a correct algorithm.
 
 Each exploring call: rank 0 decides what runs and broadcasts it (one small ``bcast``), every
 rank runs it, and one small ``allgather`` shares each rank's time and whether it failed;
@@ -380,6 +380,10 @@ class SizeClass:
         return Decision("settle", win, self.candidates[win], reason)
 
 
+#: Size classes from this size on also try the pipelined tier-aware grid across hosts.
+PIPELINE_GUESS_BYTES = 8 << 20
+
+
 def candidate_list(incumbent: Config, world_size: int, nbytes: int, hosts: int,
                    ranks_per_host: int | None, opts: OnlineOptions,
                    rng: random.Random, default: Config | None = None,
@@ -440,10 +444,6 @@ def candidate_list(incumbent: Config, world_size: int, nbytes: int, hosts: int,
         tries += 1
         add(draw(rng, world_size, nbytes, hosts), True)
     return out
-
-
-#: Size classes from this size on also try the pipelined tier-aware grid across hosts.
-PIPELINE_GUESS_BYTES = 8 << 20
 
 
 # -- the runtime (every rank) ----------------------------------------------------------------
