@@ -24,9 +24,10 @@ the calls race the candidates: each candidate's first call in list order, then m
 (up to ``samples``) only for the contenders, those within ``prune`` times the best; a
 candidate whose first call is slower than that is dropped. Like for like: a candidate
 called once is judged against the best's first call (a first call carries one-off costs),
-else median against median. A size class settles on the fastest candidate (a challenger
-must beat the incumbent by ``margin``) when no contender is left to call, or after
-``calls`` exploring calls.
+else median against median. Every pair of ranks exchanges one byte when the tuner is built,
+so that no candidate's first call pays for opening the library's connections. A size class
+settles on the fastest candidate (a challenger must beat the incumbent by ``margin``) when
+no contender is left to call, or after ``calls`` exploring calls.
 
 The ``share`` budget: what exploring has cost so far beyond the best candidates' times, over
 all size classes together, plus what the next call is predicted to cost beyond the best (a
@@ -293,7 +294,8 @@ class SizeClass:
     def behind(self, i: int, best: int) -> float:
         """How many times slower candidate ``i`` is than candidate ``best``, like for like:
         a candidate called once against the best's first call (a first call carries one-off
-        costs: pages of scratch touched, connections opened), else median against median."""
+        costs: pages of scratch touched; connections are opened at construction,
+        ``connect_all``), else median against median."""
         if len(self.times[i]) == 1:
             s, b = self.times[i][0], self.times[best][0]
         else:
@@ -601,6 +603,7 @@ class OnlineTuner:
         self._closed = False
         prof = comm.profile
         self._earlier = _settled_sizes(prof)
+        connect_all(comm.comm)
         _EXIT_WRITERS.add(self)
 
     # -- the call path ------------------------------------------------------------------
@@ -942,6 +945,22 @@ class OnlineTuner:
 
 #: Tuners whose profile is still to be written at interpreter exit.
 _EXIT_WRITERS: weakref.WeakSet[OnlineTuner] = weakref.WeakSet()
+
+
+def connect_all(comm: Any) -> None:
+    """Exchange one byte with every other rank of ``comm`` (collective), so that the
+    connections a library opens on first use between two ranks (MPICH over libfabric's
+    tcp, Open MPI's tcp BTL) are open before the first candidate is timed. Without it the
+    first candidate to talk to a new peer pays for the connection and is judged slower
+    than it is: the incumbent's warm-up call opened only its own peers."""
+    import numpy as np
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    out = np.zeros(1, dtype=np.uint8)
+    got = np.zeros(1, dtype=np.uint8)
+    for k in range(1, size):
+        comm.Sendrecv(out, dest=(rank + k) % size, sendtag=0,
+                      recvbuf=got, source=(rank - k) % size, recvtag=0)
 
 
 @atexit.register

@@ -27,18 +27,26 @@ class StallError(RingtuneError):
     """No progress on a batch of sends/receives for ``RINGTUNE_STALL_TIMEOUT`` seconds."""
 
 
-def stall_timeout() -> float | None:
-    """The configured stall timeout in seconds, ``None`` when off (unset, empty or 0)."""
-    text = os.environ.get(ENV, "").strip()
+def env_seconds(name: str, meaning: str, environ: Any = None) -> float:
+    """Seconds from environment variable ``name`` (0 when unset or empty); a negative,
+    infinite or non-number value is a ``ValueError`` of one line naming the variable, its
+    value and ``meaning`` (what the seconds are for). The one parser of the runtime's and
+    the CLI's seconds-valued variables."""
+    text = (os.environ if environ is None else environ).get(name, "").strip()
     if not text:
-        return None
+        return 0.0
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{ENV}={text!r}: expected a number of seconds (0 or unset: off)")
-    return value or None
+        raise ValueError(f"{name}={text!r}: expected a number of seconds >= 0 ({meaning})")
+    return value
+
+
+def stall_timeout() -> float | None:
+    """The configured stall timeout in seconds, ``None`` when off (unset, empty or 0)."""
+    return env_seconds(ENV, "0 or unset: off") or None
 
 
 def watched_waitall(timeout: float, comm: Any) -> Callable[[list[Any], Sequence[int]], None]:

@@ -266,6 +266,12 @@ class InprocComm:
             world.posted[key] = idx + 1
         return _Request(self, (*key, idx), _as_bytes(spec))
 
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0,  # noqa: N802
+                 recvbuf: Any = None, source: int = 0, recvtag: int = 0) -> None:
+        recv = self.Irecv(recvbuf, source, recvtag)
+        self.Isend(sendbuf, dest, sendtag).Wait()
+        recv.Wait()
+
     def _collective(self, value: Any, what: str) -> list[Any]:
         """Everyone's ``value`` in communicator rank order (the core of every collective)."""
         if self.freed:

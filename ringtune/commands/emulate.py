@@ -149,17 +149,13 @@ def _wait_seconds(flag: float | None) -> float:
         if not 0 <= flag < float("inf"):
             raise UsageError(f"emulate --wait {flag:g}: expected seconds >= 0")
         return flag
-    raw = os.environ.get(WAIT_ENV, "").strip()
-    if not raw:
-        return 0.0
+    from collectives.stall import env_seconds
+
     try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise UsageError(f"{WAIT_ENV}={raw!r}: expected seconds >= 0 (how long `ringtune "
-                         "emulate` waits for another one to end)")
-    return value
+        return env_seconds(WAIT_ENV, "how long `ringtune emulate` waits for another one "
+                           "to end")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _hydra_mpiexec() -> str:

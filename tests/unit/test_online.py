@@ -506,3 +506,28 @@ def test_ranks_with_different_settings_fail_together() -> None:
         inproc.run_ranks(2, bad)
     for r in range(2):
         assert f"rank {r}: ValueError: rank 1: tune_options['share']=5" in str(err.value)
+
+
+def test_connect_all_talks_to_every_other_rank_once() -> None:
+    """Every pair exchanges before the first timed candidate (its first call would otherwise
+    pay for opening the library's connection to a new peer)."""
+    from collectives.online import connect_all
+
+    def body(comm: Any) -> list[tuple[int, int]]:
+        pairs: list[tuple[int, int]] = []
+        real = comm.Sendrecv
+
+        def spy(sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                source: int = 0, recvtag: int = 0) -> None:
+            pairs.append((dest, source))
+            real(sendbuf, dest, sendtag, recvbuf, source, recvtag)
+
+        comm.Sendrecv = spy
+        connect_all(comm)
+        return pairs
+
+    for n in (1, 2, 3, 4):
+        for rank, pairs in enumerate(inproc.run_ranks(n, body)):
+            others = sorted(set(range(n)) - {rank})
+            assert sorted(d for d, _ in pairs) == others
+            assert sorted(s for _, s in pairs) == others
