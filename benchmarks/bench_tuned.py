@@ -7,7 +7,11 @@ Run under mpiexec with a tuned profile (``make tune`` writes ``profiles/local.ya
 
 For every size it times, interleaved round by round (so machine noise hits all columns
 alike): ``native``, the profile's choice (``tuned``), and a fixed set of configurations
-(multiring with 1/2/4 rings and whole-segment, 256 KiB and 1 MiB chunks, rhd). The "best
+(multiring with 1/2/4 rings and whole-segment, 256 KiB and 1 MiB chunks, rhd), and an A/A
+control: ``native`` timed a second time through its own communicator (``native'``), whose
+ratio to ``native`` is what timing the same call twice reads on this machine: where the
+tuned choice is the library's own, ``tuned/native`` can only be told from 1.0 against it.
+The order of the columns rotates by one each round. The "best
 fixed" column is the one fixed configuration with the highest geometric-mean busbw over all
 sizes — what one would ship without per-size tuning. Every configuration is checked for
 correctness once per size before it is timed. Numbers: nccl-tests busbw (GB/s), median over
@@ -34,6 +38,8 @@ FIXED: list[tuple[str, dict[str, Any]]] = [
     ("multiring", {"rings": r, "chunk_bytes": c, "order": "topology"})
     for r in (1, 2, 4) for c in (0, 1 << 18, 1 << 20)
 ] + [("rhd", {})]
+#: The A/A control's column: native timed again through its own communicator.
+AA = "native'"
 
 
 def label(algo: str, params: dict[str, Any]) -> str:
@@ -56,12 +62,14 @@ def main() -> int:
     prof = load_profile(args.profile, world_size=n)
     tuned_comm = Communicator(world, profile=prof)
     comm = Communicator(world, profile=None)
+    again = Communicator(world, profile=None)  # the A/A control's own communicator
     sizes = size_list(parse_size(args.b), parse_size(args.e), args.f)
     rows: list[dict[str, Any]] = []
     for nbytes in sizes:
         count = nbytes // 4
         cands: list[tuple[str, Communicator, str | None, dict[str, Any]]] = [
-            ("native", comm, "native", {}), ("tuned", tuned_comm, None, {})]
+            ("native", comm, "native", {}), ("tuned", tuned_comm, None, {}),
+            (AA, again, "native", {})]
         cands += [(label(a, p), comm, a, p) for a, p in FIXED]
         for name, c, a, p in cands:
             res = check_allreduce(c, count, "float32", "sum", a, p)
@@ -70,12 +78,14 @@ def main() -> int:
         times: dict[str, list[float]] = {name: [] for name, *_ in cands}
         sample = time_allreduce(comm, count, "float32", "sum", "native", {}, warmup=1, iters=3)
         iters = int(max(3, min(20, round(0.1 / max(sample.time_us * 1e-6, 1e-6)))))
-        for _ in range(args.rounds):
-            for name, c, a, p in cands:
+        for rnd in range(args.rounds):
+            k = rnd % len(cands)
+            for name, c, a, p in cands[k:] + cands[:k]:
                 m = time_allreduce(c, count, "float32", "sum", a, p, warmup=2, iters=iters)
                 times[name].append(m.time_us)
             comm.clear_plans()
             tuned_comm.clear_plans()
+            again.clear_plans()
         med = {k: statistics.median(v) for k, v in times.items()}
         bw = {k: (nbytes / (t * 1e-6) / 1e9 * busbw_factor(n) if t > 0 else 0.0)
               for k, t in med.items()}
@@ -95,13 +105,18 @@ def main() -> int:
         print(f"# {n} ranks, float32 sum, profile {args.profile}, {args.rounds} interleaved "
               f"rounds; busbw GB/s; best fixed configuration overall: {best_fixed}")
         print(f"{'size':>10} {'native':>8} {'tuned':>8} {best_fixed:>22} {'tuned/native':>12}"
-              f" {'fixed/native':>12}  tuned choice")
+              f" {'fixed/native':>12} {'A/A':>6}  tuned choice")
         for r in rows:
             b = r["busbw"]
             print(f"{r['bytes']:>10} {b['native']:>8.3f} {b['tuned']:>8.3f} "
                   f"{b[best_fixed]:>22.3f} {b['tuned'] / b['native']:>12.2f} "
-                  f"{b[best_fixed] / b['native']:>12.2f}  {r['tuned_choice']}")
+                  f"{b[best_fixed] / b['native']:>12.2f} {b[AA] / b['native']:>6.2f}"
+                  f"  {r['tuned_choice']}")
         ratios = [(r["bytes"], r["busbw"]["tuned"] / r["busbw"]["native"]) for r in rows]
+        aa = [r["busbw"][AA] / r["busbw"]["native"] for r in rows]
+        spread = max(abs(1.0 - x) for x in aa)
+        print(f"# A/A control (native timed twice): {min(aa):.2f}-{max(aa):.2f}x; a "
+              f"tuned/native ratio within 1 +/- {spread:.2f} cannot be told from 1.0")
         floor = min(x for _, x in ratios)
         big = [x for s, x in ratios if s >= 16 << 20]
         print(f"# target tuned >= 0.97x native at every size: min {floor:.2f}x -> "
@@ -115,6 +130,7 @@ def main() -> int:
                            "rows": rows}, fh, indent=2)
     tuned_comm.close()
     comm.close()
+    again.close()
     return 0
 
 
