@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.proctree import run_bounded
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 400
@@ -37,8 +39,8 @@ def _ringtune() -> list[str]:
 def torchrun(args: list[str], nproc: int = 2, **env: str) -> subprocess.CompletedProcess[str]:
     cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(nproc),
            "--no-python", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=_env(**env), capture_output=True, text=True,
-                          timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
+    # run_bounded: a timeout ends the ranks too, not only torchrun.
+    return run_bounded(cmd, TIMEOUT_S, cwd=ROOT, env=_env(**env), stdin=subprocess.DEVNULL)
 
 
 def _lines(text: str, word: str) -> list[str]:
@@ -83,17 +85,16 @@ def test_tune_records_engine_and_other_engine_sets_it_aside(tmp_path: Path) -> N
             "    c = Communicator(MPI.COMM_WORLD, profile=os.environ['P'])\n"
             "print('SET_ASIDE', c.set_aside)\n"
             "print('WARNINGS', [str(x.message) for x in w])\n")
-    res = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", code], cwd=ROOT,
-                         env=_env(P=str(out)), capture_output=True, text=True,
-                         timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
+    res = run_bounded([mpiexec, "-n", "2", sys.executable, "-c", code], TIMEOUT_S,
+                      cwd=ROOT, env=_env(P=str(out)), stdin=subprocess.DEVNULL)
     assert res.returncode == 0, res.stderr[-2000:]
     # Counted, not split into lines: the two ranks' output may interleave.
     assert res.stdout.count("set aside: tuned over the torch engine, this job runs over "
                             "mpi") == 2, res.stdout
     assert res.stdout.count("; using built-in defaults (re-tune") == 1, res.stdout  # rank 0
-    strict = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", code], cwd=ROOT,
-                            env=_env(P=str(out), RINGTUNE_STRICT="1"), capture_output=True,
-                            text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
+    strict = run_bounded([mpiexec, "-n", "2", sys.executable, "-c", code], TIMEOUT_S,
+                         cwd=ROOT, env=_env(P=str(out), RINGTUNE_STRICT="1"),
+                         stdin=subprocess.DEVNULL)
     assert strict.returncode != 0
     assert "TopologyMismatchError" in strict.stderr
     assert "tuned over the torch engine, this job runs over mpi (strict)" in strict.stderr
