@@ -66,7 +66,7 @@ def _run(sc: SizeClass, times: dict[str, list[float]], job: float = 1e9) -> list
 
 
 def test_candidates_race_first_calls_in_order_then_contenders_and_the_fastest_wins() -> None:
-    sc = SizeClass(1 << 20, [A, B, C], OnlineOptions(samples=2, prune=2.0))
+    sc = SizeClass(1 << 20, [A, B, C], OnlineOptions(samples=2, prune=2.0, confirm=0))
     seen = _run(sc, {"native": [1.0, 1.0], "rhd": [0.5, 0.7], "multiring": [0.9]})
     # Every candidate once in list order, then the contenders (within 2x the best), the
     # least sampled and then the fastest first.
@@ -89,6 +89,29 @@ def test_only_contenders_are_called_again() -> None:
     assert sc.times[0] == [1.0] and sc.winner == 1
 
 
+def test_the_two_fastest_are_called_again_before_the_class_settles() -> None:
+    # rhd's three calls were lucky (0.8 against native's 1.0); called again alternately
+    # with native up to `confirm` calls each, its median (1.1) shows it slower: native
+    # stays. The third candidate, far behind, is never called again.
+    sc = SizeClass(4096, [A, B, C], OnlineOptions(samples=3, warmup=0, confirm=6))
+    seen = _run(sc, {"native": [1.0] * 6, "rhd": [0.8, 0.8, 0.8, 1.4, 1.4, 1.4, 1.4],
+                     "multiring": [1.2]})
+    race = ["run:native", "run:rhd", "run:multiring", "run:rhd", "run:native", "run:rhd",
+            "run:native"]
+    assert seen[:7] == race
+    final = seen[7:-1]
+    assert sorted(final) == ["run:native"] * 3 + ["run:rhd"] * 3
+    assert seen[-1] == "settle:native" and sc.winner == 0
+    assert len(sc.times[0]) == len(sc.times[1]) == 6 and len(sc.times[2]) == 1
+    # No final round with confirm <= samples, nor when the runner-up is beyond prune.
+    sc = SizeClass(4096, [A, B], OnlineOptions(samples=3, warmup=0, confirm=3))
+    assert _run(sc, {"native": [1.0] * 3, "rhd": [0.8] * 3})[-1] == "settle:rhd"
+    sc = SizeClass(4096, [A, B], OnlineOptions(samples=3, warmup=0, confirm=6, prune=1.5))
+    assert _run(sc, {"native": [1.0] * 3, "rhd": [2.0]}) == ["run:native", "run:rhd",
+                                                              "run:native", "run:native",
+                                                              "settle:native"]
+
+
 def test_the_first_calls_warm_up_on_the_incumbent_untimed() -> None:
     sc = SizeClass(4096, [A, B], OnlineOptions(warmup=2))
     for n in (1, 2):
@@ -101,7 +124,7 @@ def test_the_first_calls_warm_up_on_the_incumbent_untimed() -> None:
 def test_a_first_call_is_judged_against_the_best_first_call() -> None:
     # A first call carries one-off costs: rhd's first (1.4) is 1.4x native's median (1.0)
     # but within 1.25x native's own first call (1.2): it stays, is called again, and wins.
-    sc = SizeClass(4096, [A, B], OnlineOptions(samples=3, warmup=0))
+    sc = SizeClass(4096, [A, B], OnlineOptions(samples=3, warmup=0, confirm=0))
     seen = _run(sc, {"native": [1.2, 1.0, 1.0], "rhd": [1.4, 0.8, 0.8]})
     assert seen == ["run:native", "run:rhd", "run:native", "run:rhd", "run:native",
                     "run:rhd", "settle:rhd"]
@@ -123,7 +146,7 @@ def test_a_challenger_within_the_margin_keeps_the_incumbent() -> None:
 
 
 def test_a_slow_candidate_is_dropped_after_one_call() -> None:
-    sc = SizeClass(4096, [A, B, C], OnlineOptions(samples=3, prune=2.0))
+    sc = SizeClass(4096, [A, B, C], OnlineOptions(samples=3, prune=2.0, confirm=0))
     seen = _run(sc, {"native": [1.0], "rhd": [2.5], "multiring": [1.5]})
     assert seen.count("run:rhd") == 1 and seen.count("run:multiring") == 3
     assert "too slow" in sc.dropped[1]
@@ -436,8 +459,9 @@ def test_a_job_explores_settles_and_agrees_on_every_rank(n: int) -> None:
 
 
 def test_avg_and_integer_results_stay_exact_while_exploring() -> None:
-    _job(4, (7, 4099), steps=10, op="avg", tune_options={"samples": 1, "share": 1})
-    _job(3, (7, 4099), steps=10, op="max", tune_options={"samples": 1, "share": 1})
+    opts = {"samples": 1, "share": 1, "confirm": 0}
+    _job(4, (7, 4099), steps=10, op="avg", tune_options=opts)
+    _job(3, (7, 4099), steps=10, op="max", tune_options=opts)
 
 
 class _Explode(Algorithm):
