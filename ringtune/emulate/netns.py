@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -62,8 +63,24 @@ def preflight() -> None:
         raise EmulationUnavailable(f"`ip netns` fails: {probe.stderr.strip()}")
 
 
+#: The signals that tear an emulation down (``runner.install_signal_handlers``).
+_TEARDOWN_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
 def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
+    # The teardown signals are blocked while the command runs and delivered when it has
+    # ended: their handlers raise, and an exception raised inside subprocess's wait can
+    # leave Popen's internal waitpid lock held, so that Popen.__exit__ then waits on it for
+    # ever (seen once in five CI runs: SIGTERM during set-up, emulate hung, its namespace
+    # left). The command itself is bounded (30 s) and the signal is handled one step later.
+    blocked = threading.current_thread() is threading.main_thread()
+    if blocked:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _TEARDOWN_SIGNALS)
+    try:
+        res = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
+    finally:
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
     if check and res.returncode != 0:
         raise CommandFailed(f"emulate: `{' '.join(cmd)}` failed: "
                             f"{(res.stderr or res.stdout).strip()}")
