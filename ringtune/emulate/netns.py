@@ -63,8 +63,9 @@ def preflight() -> None:
         raise EmulationUnavailable(f"`ip netns` fails: {probe.stderr.strip()}")
 
 
-#: The signals that tear an emulation down (``runner.install_signal_handlers``).
-_TEARDOWN_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+#: The signals that tear an emulation down (``runner.install_signal_handlers`` raises on
+#: them); ``_run`` holds them while a set-up command runs.
+TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -75,7 +76,7 @@ def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[
     # left). The command itself is bounded (30 s) and the signal is handled one step later.
     blocked = threading.current_thread() is threading.main_thread()
     if blocked:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, _TEARDOWN_SIGNALS)
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, TEARDOWN_SIGNALS)
     try:
         res = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
     finally:

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .netns import STATE_DIR, Network
+from .netns import STATE_DIR, TEARDOWN_SIGNALS, Network, _run
 
 _SHIM = """#!/bin/sh
 # Launcher for Hydra (-launcher rsh): skip rsh/ssh options, take the host, run the rest of
@@ -102,7 +102,7 @@ def install_signal_handlers() -> dict[int, object]:
     for ``raise_pending``."""
     _received.clear()
     old: dict[int, object] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in TEARDOWN_SIGNALS:
         old[sig] = signal.signal(sig, _raise_terminated)
     return old
 
@@ -178,8 +178,8 @@ def free_port(namespace: str) -> int:
     """A TCP port no process listens on inside ``namespace`` (the kernel picks it there)."""
     probe = ("import socket; s = socket.socket(); s.bind(('', 0)); "
              "print(s.getsockname()[1])")
-    res = subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", probe],
-                         capture_output=True, text=True, timeout=30, check=False)
+    # Through netns's runner: a set-up step, run with the teardown signals held.
+    res = _run(["ip", "netns", "exec", namespace, sys.executable, "-c", probe], check=False)
     if res.returncode != 0 or not res.stdout.strip().isdigit():
         from ringtune.errors import CommandFailed
 
