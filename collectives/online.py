@@ -244,9 +244,10 @@ class SizeClass:
 
     The order is a race: every candidate's first call in list order (the incumbent, the
     guesses, the random draws), then the remaining samples of the contenders only (within
-    ``prune`` times the best, like for like: ``behind``), the least sampled first.
-    Before each exploring call the call's predicted cost beyond the best is charged against
-    the ``share`` budget (``predicted_extra``); a call that does not fit is not made."""
+    ``prune`` times the best, like for like: ``behind``), the least sampled first, then
+    the final round between the two fastest (``confirm``). Before each exploring call
+    the call's predicted cost beyond the best is charged against the ``share`` budget
+    (``predicted_extra``); a call that does not fit is not made."""
 
     def __init__(self, nbytes: int, candidates: Sequence[Config], opts: OnlineOptions) -> None:
         if not candidates:
@@ -314,7 +315,9 @@ class SizeClass:
     def pending(self) -> list[int]:
         """The candidates still to be called, in the order they should be: those never
         called (list order), then contenders (within ``prune`` times the best, ``behind``)
-        short of ``samples`` calls, the least sampled and then the fastest first."""
+        short of ``samples`` calls, the least sampled and then the fastest first; when none
+        is left, the final round: the two fastest (the runner-up within ``prune``) short of
+        ``confirm`` calls. Empty: the class can settle."""
         live = [i for i in range(len(self.candidates)) if i not in self.dropped]
         fresh = [i for i in live if not self.times[i]]
         b = self.best()
