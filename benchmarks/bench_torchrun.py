@@ -23,8 +23,12 @@ ranks at 1 Gbit/s; ``1host``: as many ranks on this host):
    >= 1.0 on one host);
 3. **bus bandwidth**: ``ringtune bench --profile P`` against ``ringtune bench --algo native``
    (under the torch engine ``native`` is gloo's own ``all_reduce``), 64 KiB-64 MiB by 4x,
-   interleaved rounds; per size the median busbw of each and the ratio (target: >= 1.0 at
-   every size).
+   and a third arm, an A/A control: the gloo job again (``gloo'``). The three arms rotate
+   through the three positions round by round; per size the median busbw of each, the
+   ratio ringtune / gloo (target: >= 1.0 at every size) and gloo' / gloo, which says how far
+   two identical jobs differ on this machine, so a ratio within that spread is noise.
+
+``--no-ddp`` skips step 2 (the bus bandwidth comparison alone takes a few minutes).
 
 Prints Markdown tables; ``--out DIR`` (default build/bench-torchrun) keeps the profiles,
 every job's JSON and ``results.json``. The numbers are this machine's: on a 2-CPU VM the
@@ -65,6 +69,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-1host", default=None, metavar="FILE")
     p.add_argument("--out", default=str(ROOT / "build" / "bench-torchrun"))
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
+    p.add_argument("--no-ddp", action="store_true", help="skip the DDP step comparison")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes, model and budgets, one round: proves the script runs")
     return p
@@ -136,13 +141,17 @@ def ddp(sc: Scenario, out: Path, profile: str) -> dict[str, Any]:
     return {"jobs_ms": times, "median_ms": med, "ratio": med["gloo"] / med["ringtune"]}
 
 
+SIDES = ("ringtune", "gloo", "gloo'")
+FILE_TAG = {"ringtune": "ringtune", "gloo": "gloo", "gloo'": "gloo-again"}
+
+
 def bench(sc: Scenario, out: Path, profile: str) -> dict[str, Any]:
     a = sc.args
-    busbw: dict[str, dict[int, list[float]]] = {"ringtune": {}, "gloo": {}}
+    busbw: dict[str, dict[int, list[float]]] = {side: {} for side in SIDES}
     for r in range(a.rounds):
-        order = ("ringtune", "gloo") if r % 2 == 0 else ("gloo", "ringtune")
+        order = SIDES[r % 3:] + SIDES[:r % 3]  # each arm takes every position in turn
         for side in order:
-            path = out / f"{sc.name}-bench-{side}-{r}.json"
+            path = out / f"{sc.name}-bench-{FILE_TAG[side]}-{r}.json"
             which = ["--profile", profile] if side == "ringtune" else ["--algo", "native"]
             sc.run(["ringtune", "bench", "-b", a.min_bytes, "-e", a.max_bytes, "-f", "4",
                     "-w", "2", "-n", "5" if a.quick else "10", "--json", str(path), *which])
@@ -153,10 +162,11 @@ def bench(sc: Scenario, out: Path, profile: str) -> dict[str, Any]:
                 busbw[side].setdefault(int(row["size"]), []).append(row["busbw_gbps"])
     rows = []
     for size in sorted(busbw["gloo"]):
-        ours = statistics.median(busbw["ringtune"][size])
-        theirs = statistics.median(busbw["gloo"][size])
+        ours, theirs, again = (statistics.median(busbw[side][size]) for side in SIDES)
         rows.append({"bytes": size, "ringtune_busbw_gbps": ours, "gloo_busbw_gbps": theirs,
-                     "ratio": ours / theirs if theirs else float("nan")})
+                     "gloo_again_busbw_gbps": again,
+                     "ratio": ours / theirs if theirs else float("nan"),
+                     "aa_ratio": again / theirs if theirs else float("nan")})
     return {"rows": rows}
 
 
@@ -168,22 +178,27 @@ def _size(n: int) -> str:
 
 
 def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
-    lines = [f"### DDP step, digits MLP {args.hidden}x{args.layers}, {args.steps} steps, "
-             f"{args.rounds} interleaved job(s) each", "",
-             "| scenario | ringtune (ms) | gloo (ms) | gloo / ringtune |",
-             "|---|---:|---:|---:|"]
-    for name, res in results.items():
-        d = res["ddp"]
-        lines.append(f"| {name} | {d['median_ms']['ringtune']:.2f} | "
-                     f"{d['median_ms']['gloo']:.2f} | {d['ratio']:.2f}x |")
-    lines += ["", f"### `ringtune bench` under torchrun: tuned profile vs gloo's all_reduce "
-              f"(busbw GB/s, median of {args.rounds})", "",
-              "| scenario | size | ringtune | gloo | ratio |", "|---|---:|---:|---:|---:|"]
+    lines: list[str] = []
+    if not args.no_ddp:
+        lines += [f"### DDP step, digits MLP {args.hidden}x{args.layers}, {args.steps} steps, "
+                  f"{args.rounds} interleaved job(s) each", "",
+                  "| scenario | ringtune (ms) | gloo (ms) | gloo / ringtune |",
+                  "|---|---:|---:|---:|"]
+        for name, res in results.items():
+            d = res["ddp"]
+            lines.append(f"| {name} | {d['median_ms']['ringtune']:.2f} | "
+                         f"{d['median_ms']['gloo']:.2f} | {d['ratio']:.2f}x |")
+        lines.append("")
+    lines += [f"### `ringtune bench` under torchrun: tuned profile vs gloo's all_reduce "
+              f"(busbw GB/s, median of {args.rounds}; gloo' is the A/A control)", "",
+              "| scenario | size | ringtune | gloo | gloo' | ringtune / gloo | gloo' / gloo |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for name, res in results.items():
         for row in res["bench"]["rows"]:
             lines.append(f"| {name} | {_size(row['bytes'])} | "
                          f"{row['ringtune_busbw_gbps']:.4f} | {row['gloo_busbw_gbps']:.4f} | "
-                         f"{row['ratio']:.2f}x |")
+                         f"{row['gloo_again_busbw_gbps']:.4f} | {row['ratio']:.2f}x | "
+                         f"{row['aa_ratio']:.2f}x |")
     return "\n".join(lines)
 
 
@@ -205,7 +220,8 @@ def main() -> None:
         print(f"== {label}", file=sys.stderr, flush=True)
         sc = Scenario(name, args, args.ranks or spec.ranks)
         profile = tune(sc, out, args.profile_2x2 if name == "2x2" else args.profile_1host)
-        results[label] = {"profile": profile, "ddp": ddp(sc, out, profile),
+        results[label] = {"profile": profile,
+                          "ddp": None if args.no_ddp else ddp(sc, out, profile),
                           "bench": bench(sc, out, profile)}
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(markdown(results, args), flush=True)
