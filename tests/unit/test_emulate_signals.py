@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -35,8 +36,15 @@ def test_a_signal_swallowed_in_a_finalizer_is_raised_again(sig: int, exc: type) 
     try:
         runner.raise_pending()  # nothing received yet: no exception
         obj = _SignalledInFinalizer(sig)
-        del obj  # the handler's exception is dropped inside __del__
-        gc.collect()
+        dropped: list[type] = []
+        hook = sys.unraisablehook  # where Python reports an exception a finalizer raised
+        sys.unraisablehook = lambda u: dropped.append(u.exc_type)
+        try:
+            del obj  # the handler's exception is dropped inside __del__
+            gc.collect()
+        finally:
+            sys.unraisablehook = hook
+        assert dropped == [exc], "the premise: the handler's exception was lost in __del__"
         with pytest.raises(exc):
             runner.raise_pending()
     finally:
