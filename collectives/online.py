@@ -973,7 +973,14 @@ def connect_all(comm: Any) -> None:
     connections a library opens on first use between two ranks (MPICH over libfabric's
     tcp, Open MPI's tcp BTL) are open before the first candidate is timed. Without it the
     first candidate to talk to a new peer pays for the connection and is judged slower
-    than it is: the incumbent's warm-up call opened only its own peers."""
+    than it is: the incumbent's warm-up call opened only its own peers.
+
+    Ends with a barrier: a one-byte send to a peer whose connection is still being set up
+    completes on the sender at once (MPICH over libfabric's tcp queues it) and reaches the
+    peer only while the sender drives MPI's progress. A sender that went on to work that
+    needs the peer through another library (DDP's first gloo collective) would never send
+    it, and both would wait for ever. No rank leaves the barrier before every rank has
+    entered it, i.e. received all its bytes; waiting in it, the senders make progress."""
     import numpy as np
 
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -982,6 +989,8 @@ def connect_all(comm: Any) -> None:
     for k in range(1, size):
         comm.Sendrecv(out, dest=(rank + k) % size, sendtag=0,
                       recvbuf=got, source=(rank - k) % size, recvtag=0)
+    if size > 1:
+        comm.Barrier()
 
 
 @atexit.register

@@ -555,3 +555,31 @@ def test_connect_all_talks_to_every_other_rank_once() -> None:
             others = sorted(set(range(n)) - {rank})
             assert sorted(d for d, _ in pairs) == others
             assert sorted(s for _, s in pairs) == others
+
+
+def test_connect_all_ends_with_a_barrier() -> None:
+    """No rank leaves before every rank received its bytes: a send queued behind a
+    connection being set up moves only while its sender drives MPI, and a sender gone on to
+    DDP's first gloo collective would leave the peer waiting for ever (a job under
+    ``ringtune emulate`` hung there in DDP's constructor)."""
+    from collectives.online import connect_all
+
+    def body(comm: Any) -> list[str]:
+        events: list[str] = []
+        send, barrier = comm.Sendrecv, comm.Barrier
+
+        def spy_send(*args: Any, **kw: Any) -> None:
+            events.append("sendrecv")
+            send(*args, **kw)
+
+        def spy_barrier() -> None:
+            events.append("barrier")
+            barrier()
+
+        comm.Sendrecv, comm.Barrier = spy_send, spy_barrier
+        connect_all(comm)
+        return events
+
+    for n in (2, 3, 4):
+        for events in inproc.run_ranks(n, body):
+            assert events == ["sendrecv"] * (n - 1) + ["barrier"]
