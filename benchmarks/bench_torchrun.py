@@ -28,7 +28,10 @@ ranks at 1 Gbit/s; ``1host``: as many ranks on this host):
    ratio ringtune / gloo (target: >= 1.0 at every size) and gloo' / gloo, which says how far
    two identical jobs differ on this machine, so a ratio within that spread is noise.
 
-``--no-ddp`` skips step 2 (the bus bandwidth comparison alone takes a few minutes).
+``--no-ddp`` skips step 2 (the bus bandwidth comparison alone takes a few minutes),
+``--no-bench`` step 3; ``--batch`` and ``--bucket-view`` shape the DDP job (a smaller batch:
+less compute per step, so the allreduce's share of the step, and the most a faster one can
+gain, grows).
 
 Prints Markdown tables; ``--out DIR`` (default build/bench-torchrun) keeps the profiles,
 every job's JSON and ``results.json``. The numbers are this machine's: on a 2-CPU VM the
@@ -62,6 +65,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=40, help="DDP steps per job")
     p.add_argument("--hidden", type=int, default=2300)
     p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--batch", type=int, default=32,
+                   help="samples per rank per step (fewer: less compute per step, a more "
+                        "communication-bound job)")
+    p.add_argument("--bucket-view", action="store_true",
+                   help="DDP's gradient_as_bucket_view=True in both arms")
     p.add_argument("--min-bytes", default="64K")
     p.add_argument("--max-bytes", default="64M")
     p.add_argument("--tune-budget", type=float, default=300.0, help="seconds per tune")
@@ -70,6 +78,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(ROOT / "build" / "bench-torchrun"))
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     p.add_argument("--no-ddp", action="store_true", help="skip the DDP step comparison")
+    p.add_argument("--no-bench", action="store_true",
+                   help="skip the bus bandwidth comparison")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes, model and budgets, one round: proves the script runs")
     return p
@@ -134,7 +144,9 @@ def ddp(sc: Scenario, out: Path, profile: str) -> dict[str, Any]:
         for backend in order:
             path = out / f"{sc.name}-ddp-{backend}-{r}.json"
             sc.run(["examples/train_digits.py", "--backend", backend, "--steps", str(a.steps),
-                    "--hidden", str(a.hidden), "--layers", str(a.layers), "--json", str(path)],
+                    "--hidden", str(a.hidden), "--layers", str(a.layers),
+                    "--batch", str(a.batch), *(["--bucket-view"] if a.bucket_view else []),
+                    "--json", str(path)],
                    env={"RINGTUNE_PROFILE": profile} if backend == "ringtune" else None)
             times[backend].append(json.loads(path.read_text())["median_step_ms"])
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -180,8 +192,9 @@ def _size(n: int) -> str:
 def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
     lines: list[str] = []
     if not args.no_ddp:
-        lines += [f"### DDP step, digits MLP {args.hidden}x{args.layers}, {args.steps} steps, "
-                  f"{args.rounds} interleaved job(s) each", "",
+        lines += [f"### DDP step, digits MLP {args.hidden}x{args.layers}, batch {args.batch} per "
+                  f"rank{', gradients as bucket views' if args.bucket_view else ''}, "
+                  f"{args.steps} steps, {args.rounds} interleaved job(s) each", "",
                   "| scenario | ringtune (ms) | gloo (ms) | gloo / ringtune |",
                   "|---|---:|---:|---:|"]
         for name, res in results.items():
@@ -189,6 +202,8 @@ def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
             lines.append(f"| {name} | {d['median_ms']['ringtune']:.2f} | "
                          f"{d['median_ms']['gloo']:.2f} | {d['ratio']:.2f}x |")
         lines.append("")
+    if args.no_bench:
+        return "\n".join(lines)
     lines += [f"### `ringtune bench` under torchrun: tuned profile vs gloo's all_reduce "
               f"(busbw GB/s, median of {args.rounds}; gloo' is the A/A control)", "",
               "| scenario | size | ringtune | gloo | gloo' | ringtune / gloo | gloo' / gloo |",
@@ -222,7 +237,7 @@ def main() -> None:
         profile = tune(sc, out, args.profile_2x2 if name == "2x2" else args.profile_1host)
         results[label] = {"profile": profile,
                           "ddp": None if args.no_ddp else ddp(sc, out, profile),
-                          "bench": bench(sc, out, profile)}
+                          "bench": None if args.no_bench else bench(sc, out, profile)}
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(markdown(results, args), flush=True)
 

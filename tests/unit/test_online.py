@@ -385,8 +385,9 @@ def test_nothing_outside_the_space_is_a_candidate() -> None:
 
 
 def test_settled_sizes_take_their_neighbourhood_of_the_base_rule() -> None:
-    base = [{"min_bytes": 0, "max_bytes": 1023, "algorithm": "native", "params": {}},
-            {"min_bytes": 1024, "max_bytes": None, "algorithm": "rhd", "params": {}}]
+    base: list[dict[str, Any]] = [
+        {"min_bytes": 0, "max_bytes": 1023, "algorithm": "native", "params": {}},
+        {"min_bytes": 1024, "max_bytes": None, "algorithm": "rhd", "params": {}}]
     win = {4096: {"algorithm": "multiring", "params": {"rings": 2}},
            65536: {"algorithm": "native", "params": {}}}
     rules = merge_rules(base, win)
