@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import bounded
+
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 
@@ -33,24 +35,16 @@ def job(cluster: str, extra: list[str], steps: int, timeout: float) -> dict:
     """One bench_online.py job under ``ringtune emulate``; its rank 0's JSON line."""
     cmd = [str(BIN / "ringtune"), "emulate", "-q", "--wait", "600", "--cluster", cluster,
            "--", sys.executable, str(HERE / "bench_online.py"), "--steps", str(steps), *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # SIGTERM first: emulate then stops its job and removes its namespaces; SIGKILL
-        # (what subprocess.run's timeout sends) would leave them behind.
-        proc.terminate()
-        try:
-            stdout, stderr = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
+        out = bounded.run(cmd, timeout)
+    except subprocess.TimeoutExpired as late:
+        err = late.stderr if isinstance(late.stderr, str) else ""
         raise SystemExit(f"job timed out after {timeout:g} s: {' '.join(cmd)}\n"
-                         f"{stderr[-2000:]}") from None
-    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"job failed (rc {proc.returncode}): {' '.join(cmd)}\n"
-                         f"{stderr[-2000:]}")
+                         f"{err[-2000:]}") from None
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise SystemExit(f"job failed (rc {out.returncode}): {' '.join(cmd)}\n"
+                         f"{out.stderr[-2000:]}")
     return json.loads(lines[-1])
 
 

@@ -45,11 +45,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import bounded
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -102,8 +103,8 @@ class Scenario:
     def run(self, job: list[str], env: dict[str, str] | None = None) -> None:
         cmd = self.command(job)
         t0 = time.monotonic()
-        res = subprocess.run(cmd, cwd=ROOT, env=_env(env), capture_output=True, text=True,
-                             timeout=self.args.timeout)
+        # SIGTERM first on a timeout: an emulation then removes its namespaces.
+        res = bounded.run(cmd, self.args.timeout, cwd=ROOT, env=_env(env))
         if res.returncode != 0:
             raise SystemExit(f"bench_torchrun: {self.name}: `{' '.join(cmd)}` failed "
                              f"(exit {res.returncode}):\n{res.stdout[-2000:]}\n"
