@@ -285,5 +285,7 @@ def _explain_failure(net: Any, placement: str, code: int, monitor: Any,
     else:
         where = "ranks by host: " + "; ".join(
             f"{h.hostname} {', '.join(map(str, ranks[h.index]))}" for h in net.hosts)
+        if monitor.why:
+            where += f" (which ended first is not known: {monitor.why})"
     print(f"ringtune emulate: the command failed (exit status {code}); {where}",
           file=sys.stderr, flush=True)

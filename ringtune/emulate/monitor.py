@@ -17,7 +17,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .netns import Host
 
@@ -86,7 +86,12 @@ def pids_by_namespace(inodes: dict[int, int]) -> list[set[int]]:
 
 class HostMonitor:
     """Start with ``start()`` once the command runs; ``stop()`` before teardown; then
-    ``first_lost`` is the host where a rank process ended first (``None``: none ended)."""
+    ``first_lost`` is the host where a rank process ended first (``None``: none ended, or
+    not known: ``why`` says why)."""
+
+    #: How long ``stop()`` waits for the thread to read what is queued (a loaded machine
+    #: may give it a core late; it only waits that long when the thread is still busy).
+    STOP_WAIT_S = 5.0
 
     def __init__(self, hosts: Sequence[Host], interval: float = 0.05,
                  rescan: float = 0.2) -> None:
@@ -96,8 +101,10 @@ class HostMonitor:
         self.first_lost: Host | None = None
         #: The world rank of the process that ended first, when its environment said.
         self.first_rank: int | None = None
-        self._ranks: dict[int, int | None] = {}
         self.lost_at: float | None = None
+        #: Why ``first_lost`` is ``None`` after ``stop()`` (``""``: no rank ended).
+        self.why = ""
+        self._order = ExitOrder(len(self.hosts))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="emulate-monitor",
                                         daemon=True)
@@ -110,52 +117,131 @@ class HostMonitor:
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=2)
+            self._thread.join(timeout=self.STOP_WAIT_S)
+            if self._thread.is_alive() and self.first_lost is None and not self.why:
+                self.why = (f"the monitor had not read the process exits {self.STOP_WAIT_S:g} s "
+                            "after the command ended (machine overloaded?)")
+
+    def _learn(self, pid: int) -> None:
+        """A process that just ran ``exec``: a rank of one of the hosts? Learnt at once,
+        so a rank that ends before the next scan is still known."""
+        try:
+            host = self._inodes.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
+        except OSError:
+            return
+        if host is not None and _is_rank(pid):
+            self._order.add(host, pid, rank_of(pid))
 
     def _loop(self) -> None:
         try:
-            events = _exit_events()
-        except OSError:
-            return  # no proc connector (not root, old kernel): the failure line lists hosts
-        known: list[set[int]] = [set() for _ in self.hosts]
-        seen = [False] * len(self.hosts)
+            events = _process_events()
+        except OSError as exc:
+            # Not root, an old kernel: the failure line lists the hosts.
+            self.why = f"no process events from the kernel ({exc.strerror or exc})"
+            return
         next_scan = 0.0
         try:
-            while True:
+            while self._order.first is None:
                 # Once stopped, read what is queued one last time: the job may have ended
                 # while this thread was scanning, with the decisive exits still unread.
                 last = self._stop.is_set()
                 if not last and time.monotonic() >= next_scan:
-                    # Exits are read in the kernel's order, however late this thread runs.
                     for i, pids in enumerate(pids_by_namespace(self._inodes)):
-                        for pid in pids - known[i]:
-                            self._ranks[pid] = rank_of(pid)
-                        known[i] |= pids
-                    seen = [s or bool(k) for s, k in zip(seen, known)]
-                    next_scan = time.monotonic() + self.rescan
-                for pid in _read_exits(events, 0.0 if last else self.interval):
-                    host = next((i for i, k in enumerate(known) if pid in k), None)
-                    if host is not None and all(seen):
-                        # The first rank to end: a killed host's (a SIGKILLed process may
-                        # take a while to finish exiting, so "all ended" would come late),
-                        # or the rank that failed and made Hydra end the others.
-                        self.first_lost = self.hosts[host]
-                        self.first_rank = self._ranks.get(pid)
-                        self.lost_at = time.monotonic()
-                        return
+                        for pid in pids:
+                            self._order.add(i, pid, None)
+                    # Until every host's ranks are found, look again soon.
+                    next_scan = time.monotonic() + (
+                        self.rescan if self._order.all_seen else self.interval)
+                read, lost = _read_events(events, 0.0 if last else self.interval)
+                for what, pid in read:
+                    if what == _PROC_EVENT_EXEC:
+                        self._learn(pid)
+                    elif self._order.ended(pid):
+                        break
+                if lost and self._order.first is None:
+                    self._order.dropped(_alive)
                 if last:
-                    return
+                    break
         finally:
             events.close()
+        if self._order.first is not None:
+            host, pid = self._order.first
+            self.first_lost = self.hosts[host]
+            self.first_rank = self._order.ranks.get(pid)
+            self.lost_at = time.monotonic()
+        else:
+            self.why = self._order.why([h.hostname for h in self.hosts])
 
 
-# -- the kernel's process connector: one event per process exit, queued in order ------------
+class ExitOrder:
+    """Which host's rank process ended first, from process exits in the kernel's order.
+
+    A rank is ``add``-ed when found (a scan, or its ``exec``); ``ended(pid)`` for each exit
+    in order. The first exit of a known rank decides, once every host's ranks have been
+    found: an exit of a host not yet found could not be told from another process's."""
+
+    def __init__(self, hosts: int) -> None:
+        self.known: list[set[int]] = [set() for _ in range(hosts)]
+        self.ranks: dict[int, int | None] = {}
+        #: (host index, pid) of the first rank to end, once decided.
+        self.first: tuple[int, int] | None = None
+        #: The kernel dropped process events (its queue was full): the order may be wrong.
+        self.lost = False
+
+    @property
+    def all_seen(self) -> bool:
+        return all(self.known)
+
+    def add(self, host: int, pid: int, rank: int | None) -> None:
+        if pid not in self.known[host]:
+            self.known[host].add(pid)
+            self.ranks[pid] = rank if rank is not None else rank_of(pid)
+
+    def ended(self, pid: int) -> bool:
+        """Process ``pid`` exited; ``True`` once the first rank to end is known."""
+        host = next((i for i, k in enumerate(self.known) if pid in k), None)
+        if host is None:
+            return False
+        if not self.all_seen or self.lost:
+            return False
+        self.first = (host, pid)
+        return True
+
+    def dropped(self, alive: Callable[[int], bool]) -> None:
+        """The kernel dropped events, perhaps a rank's exit: rank processes no longer
+        ``alive`` ended unread. None: nothing that matters was lost. All on one host (every
+        host's ranks found): that host's ended first. Else the order is lost."""
+        gone = {i for i, k in enumerate(self.known) for pid in k if not alive(pid)}
+        if not gone:
+            return
+        if len(gone) == 1 and self.all_seen:
+            host = gone.pop()
+            self.first = (host, min(p for p in self.known[host] if not alive(p)))
+        else:
+            self.lost = True
+
+    def why(self, names: Sequence[str]) -> str:
+        """Why no host was named (``""``: no rank ended while watched)."""
+        if not self.all_seen:
+            unseen = [n for n, k in zip(names, self.known) if not k]
+            return f"the ranks of {', '.join(unseen)} were never seen running"
+        if self.lost:
+            return "the kernel dropped process events"
+        gone = [pid for k in self.known for pid in k if not _alive(pid)]
+        if gone:
+            return (f"no exit event arrived for rank process(es) {', '.join(map(str, gone))}"
+                    " (a kernel or container that hides process events?)")
+        return ""
+
+
+# -- the kernel's process connector: one event per process exec and exit, queued in order --
 
 _NETLINK_CONNECTOR, _CN_IDX_PROC, _CN_VAL_PROC = 11, 1, 1
-_PROC_CN_MCAST_LISTEN, _PROC_EVENT_EXIT = 1, 0x80000000
+_PROC_CN_MCAST_LISTEN = 1
+_PROC_EVENT_EXEC, _PROC_EVENT_EXIT = 0x00000002, 0x80000000
 
 
-def _exit_events() -> socket.socket:
+def _process_events() -> socket.socket:
     """A netlink socket subscribed to process events (needs CAP_NET_ADMIN: root)."""
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_CONNECTOR)
     try:
@@ -175,23 +261,27 @@ def _exit_events() -> socket.socket:
     return sock
 
 
-def _read_exits(sock: socket.socket, timeout: float) -> list[int]:
-    """Process ids (thread-group leaders) that exited, in order; waits up to ``timeout``."""
+def _read_events(sock: socket.socket, timeout: float) -> tuple[list[tuple[int, int]], bool]:
+    """(event, process id) of the execs and exits (of thread-group leaders) queued, in
+    order, waiting up to ``timeout`` for the first; and whether the kernel dropped some
+    (its queue for this socket was full: ``ENOBUFS``)."""
     sock.settimeout(timeout if timeout > 0 else 0)
-    out = []
-    try:
-        while True:
+    out: list[tuple[int, int]] = []
+    lost = False
+    while True:
+        try:
             data = sock.recv(65536)
-            sock.settimeout(0)  # drain what is queued, then return
-            # nlmsghdr (16) + cn_msg (20) + proc_event: what, cpu, timestamp, pid, tgid, …
-            if len(data) >= 16 + 20 + 24:
-                what, _cpu, _ts, pid, tgid = struct.unpack_from("=IIQII", data, 36)
-                if what == _PROC_EVENT_EXIT and pid == tgid:
-                    out.append(pid)
-    except (TimeoutError, BlockingIOError, InterruptedError):
-        pass
-    except OSError as exc:
-        if exc.errno != errno.ENOBUFS:
-            raise
-        # Events were dropped: the order is no longer known for sure, keep reading.
-    return out
+        except (TimeoutError, BlockingIOError, InterruptedError):
+            return out, lost
+        except OSError as exc:
+            if exc.errno != errno.ENOBUFS:
+                raise
+            lost = True  # reported once; what is still queued is read on
+            sock.settimeout(0)
+            continue
+        sock.settimeout(0)  # drain what is queued, then return
+        # nlmsghdr (16) + cn_msg (20) + proc_event: what, cpu, timestamp, pid, tgid, …
+        if len(data) >= 16 + 20 + 24:
+            what, _cpu, _ts, pid, tgid = struct.unpack_from("=IIQII", data, 36)
+            if what in (_PROC_EVENT_EXEC, _PROC_EVENT_EXIT) and pid == tgid:
+                out.append((what, pid))
