@@ -4,7 +4,8 @@
 #               tests (tests/cli), MPI tests at 1..4 ranks, GPU tests (skip w/o GPU),
 #               the GPU code checked against the real CUDA packages (cuda-static), and the
 #               GPU tests on a simulated GPU (gpu-sim), the PyTorch tests (torch-test,
-#               torchrun-test, torchbackend-test, torch-emulated), Open MPI (ompi-test), and
+#               torchrun-test, torchbackend-test, torch-emulated), Open MPI (ompi-test),
+#               Intel MPI (impi-test), and
 #               multi-host tests on emulated hosts (emulated; needs root, else skips)
 # Everything is installed from nothing into .venv (Python packages only; MPI is the mpich wheel);
 # cuda-static uses a second environment, .venv-cuda, with the `cuda` extra (~1.2 GB);
@@ -24,7 +25,8 @@ TORCH_VENV ?= .venv-torch
 TORCH_PY := $(TORCH_VENV)/bin/python
 
 .PHONY: all install extra-venvs test lint unit cli unit-cli fuzz mpi gpu cuda-static gpu-sim \
-	torch-test torchrun-test torchbackend-test torch-lowest torch-emulated emulated tune bench clean schema ompi-test
+	torch-test torchrun-test torchbackend-test torch-lowest torch-emulated emulated tune bench clean schema ompi-test \
+	impi-test
 
 all: test
 
@@ -169,6 +171,30 @@ ompi-test: $(OMPI_VENV)/.installed
 	  tests/cli/test_export_openmpi.py tests/cli/test_openmpi_roundtrip.py tests/cli/test_launch_mpi.py \
 	  tests/cli/test_openmpi_han.py
 
+# Intel MPI instead of MPICH (`pip install -e '.[impi]'`: Intel's impi-rt wheel and its
+# Hydra), in its own environment: the MPI contract suite at 1..4 ranks (every algorithm over
+# Intel MPI), and the CLI under it (its default allreduce only, said once in one line; an
+# impl refused; the fact behind that: it fixes its algorithm at MPI_Init).
+IMPI_VENV ?= .venv-impi
+IMPI_PY := $(IMPI_VENV)/bin/python
+$(IMPI_VENV)/.installed: pyproject.toml
+	test -x $(IMPI_PY) || $(PYTHON) -m venv $(IMPI_VENV)
+	$(IMPI_PY) -m pip install -q --upgrade pip
+	$(IMPI_PY) -m pip install -q --no-compile -e '.[test,impi]'
+	touch $@
+
+impi-test: $(IMPI_VENV)/.installed
+	@set -e; ver=$$($(IMPI_PY) -c 'from mpi4py import MPI; print(MPI.Get_library_version())'); \
+	  echo "== mpi4py loads $$ver" | head -1; \
+	  case "$$ver" in *"Intel(R) MPI"*) ;; *) echo "expected Intel MPI"; exit 1;; esac
+	@set -e; for n in $(NP_LIST); do \
+	  echo "== the MPI contract suite under Intel MPI's mpiexec -n $$n"; \
+	  timeout $(MPI_TEST_TIMEOUT) $(IMPI_VENV)/bin/mpiexec -n $$n \
+	    $(IMPI_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi/test_contract.py; \
+	done
+	timeout $(MPI_TEST_TIMEOUT) $(IMPI_PY) -m pytest -q -p no:cacheprovider -rs \
+	  tests/cli/test_intelmpi.py
+
 # torch.distributed as ringtune's engine, under torchrun at 1..4 ranks (one pytest per rank):
 # the contract over gloo, DDP over the hook with Communicator(group.WORLD), the loud failures.
 torchrun-test: $(TORCH_VENV)/.installed
@@ -232,12 +258,12 @@ emulated: install
 	timeout $(EMULATED_TIMEOUT) $(PY) -m pytest -q -p no:cacheprovider -rs tests/emulated
 
 # GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
-# The CUDA, PyTorch and Open MPI environments (GBs of wheels: mostly download and
+# The CUDA, PyTorch, Open MPI and Intel MPI environments (GBs of wheels: mostly download and
 # unpacking) are installed while lint, the unit and the CLI tests run (three jobs: the
 # installs wait on downloads; the unit then the CLI tests on one pytest-xdist worker per
 # CPU), so a fresh `make test` does not wait for them in turn.
 # Then two lanes side by side: the MPI one (simulated GPU, MPICH, Open MPI, emulated hosts)
-# and the PyTorch one (mpiexec, torchrun, the registered backend). Each runs at most 4
+# and the PyTorch one (mpiexec, torchrun, the registered backend; then Intel MPI). Each runs at most 4
 # ranks at a time, so at most 4 ranks per core; run one after the other, the suites left a
 # CPU idle through every 1-rank run, process start and timeout a test waits out. Only the
 # MPI lane builds emulated hosts (one `ringtune emulate` at a time per machine).
@@ -251,13 +277,14 @@ test: install
 lane-mpi:
 	$(MAKE) --no-print-directory -j1 cuda-static gpu-sim mpi ompi-test emulated torch-emulated
 lane-torch:
-	$(MAKE) --no-print-directory -j1 torch-test torchrun-test torchbackend-test
+	$(MAKE) --no-print-directory -j1 torch-test torchrun-test torchbackend-test impi-test
 
 # One after the other: both editable installs write ringtune.egg-info in this directory.
 extra-venvs:
 	$(MAKE) --no-print-directory $(CUDA_VENV)/.installed
 	$(MAKE) --no-print-directory $(TORCH_VENV)/.installed
 	$(MAKE) --no-print-directory $(OMPI_VENV)/.installed
+	$(MAKE) --no-print-directory $(IMPI_VENV)/.installed
 
 tune: install
 	$(VENV)/bin/ringtune tune --out profiles/local.yaml
@@ -291,4 +318,4 @@ bench-report: install
 	fi
 
 clean:
-	rm -rf $(VENV) $(CUDA_VENV) $(TORCH_VENV) $(TORCH_LOW_VENV) $(OMPI_VENV) build *.egg-info
+	rm -rf $(VENV) $(CUDA_VENV) $(TORCH_VENV) $(TORCH_LOW_VENV) $(OMPI_VENV) $(IMPI_VENV) build *.egg-info

@@ -56,18 +56,3 @@ def launcher_fits(launcher: str, library: str) -> bool:
     if not launcher or not library:
         return True
     return (launcher == "openmpi") == (library == "openmpi")
-
-
-#: ``(name, version)`` of libraries without a module in ``collectives.natives`` (those with
-#: one say their own ``version_re``): (pattern whose group 1 is the version, name).
-_NAMES = ((re.compile(r"Intel\(R\) MPI Library (\S+)"), "Intel MPI"),)
-
-
-def name_version(text: str) -> tuple[str, str] | None:
-    """``(name, version)`` of a library ringtune has no module for, from its version text;
-    None when it is not one of those."""
-    for pattern, name in _NAMES:
-        m = pattern.search(text)
-        if m:
-            return name, m.group(1)
-    return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import mpich, openmpi  # noqa: F401 - each registers itself
+from . import intelmpi, mpich, openmpi  # noqa: F401 - each registers itself
 from .base import (
     DEFAULT,
     NativeLibrary,

@@ -1,8 +1,8 @@
 """One interface per MPI library: what ``native`` can choose in it, how, and what it costs.
 
-Use ``current()`` to get the module of the library mpi4py loaded (``mpich``, ``openmpi``, or
-the default-only ``NativeLibrary`` for any other: the library's default allreduce only, said
-once); ``for_name`` for the library a profile recorded; ``for_cost_model`` for the library a
+Use ``current()`` to get the module of the library mpi4py loaded (``mpich``, ``openmpi``,
+``intelmpi``, or the default-only ``NativeLibrary`` for any other; Intel MPI's and the others'
+default allreduce only, said once); ``for_name`` for the library a profile recorded; ``for_cost_model`` for the library a
 cost model's cluster names (``Cluster.native_model``); ``libraries()`` for every one (the
 schema's compositions, ``collectives.mpit.library``'s names, the export formats). Each
 library's module registers itself with ``@register``; ``native.py``, the cost model, the
@@ -46,6 +46,9 @@ class NativeLibrary:
     #: machine): ``"best"``, the fastest of the model's algorithms, unless a module knows
     #: better (the library's own selection, its per-message cost and reduction rate).
     cost_model: ClassVar[str] = "best"
+    #: ``False`` for a library whose algorithms cannot be chosen call by call (only its
+    #: default runs, and ``current()`` says so once, as for a library without a module).
+    chooses_per_call: ClassVar[bool] = True
     #: Regular expression whose group 1 is the version, in ``MPI.Get_library_version()``.
     version_re: ClassVar[str] = ""
     #: Its ``MPI_T_SCOPE_CONSTANT`` (the scopes follow in the standard's order).
@@ -258,11 +261,12 @@ def for_name(name: str, version: str = "") -> NativeLibrary:
 
 @functools.lru_cache(maxsize=1)
 def current() -> NativeLibrary:
-    """The module of the library mpi4py loaded (initialises MPI). A library ringtune does
-    not know still runs, with ``native impl=auto`` only, and a warning says so once."""
+    """The module of the library mpi4py loaded (initialises MPI). A library whose
+    algorithms cannot be chosen per call (one ringtune does not know, Intel MPI) still runs,
+    with ``native impl=auto`` only, and a warning says so once."""
     name, version = library()
     lib = for_name(name, version)
-    if type(lib) is NativeLibrary and name not in _warned:
+    if (type(lib) is NativeLibrary or not lib.chooses_per_call) and name not in _warned:
         _warned.add(name)
         warnings.warn(f"ringtune: {lib.unavailable_reason()}", RuntimeWarning, stacklevel=2)
     return lib
@@ -271,20 +275,14 @@ def current() -> NativeLibrary:
 def library() -> tuple[str, str]:
     """``(name, version)`` of the MPI library mpi4py loaded, e.g. ``("MPICH", "5.0.2")``:
     the first registered module whose ``version_re`` matches the library's version text,
-    else ``collectives.mpilib``'s names of libraries without a module, else the text's
-    first line."""
+    else the text's first line."""
     from mpi4py import MPI
-
-    from ..mpilib import name_version
 
     text = MPI.Get_library_version()
     for cls in _REGISTRY.values():
         m = re.search(cls.version_re, text) if cls.version_re else None
         if m:
             return cls.name, m.group(1)
-    known = name_version(text)
-    if known:
-        return known
     first = text.strip().splitlines()[0] if text.strip() else "unknown"
     return first[:60], ""
 

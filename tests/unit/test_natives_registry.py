@@ -8,6 +8,7 @@ fixed decision and han's pipeline."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -228,3 +229,32 @@ def test_export_asks_the_recorded_library_for_its_format(tmp_path: Any) -> None:
     with pytest.raises(UsageError, match=r"give --format \(mpich, nccl, ompi\): it was tuned "
                                          r"with Zeta MPI, which has no tuning file"):
         format_of(load_profile(str(other)))
+
+
+# -- Intel MPI: it runs with its default only, said once --------------------------------------
+
+def test_intel_mpi_has_a_module_that_says_why_only_its_default_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from collectives.natives import intelmpi
+
+    lib = base.for_name("Intel MPI", "2021.18.1")
+    assert type(lib) is intelmpi.IntelMpi and not lib.chooses_per_call
+    assert lib.algorithms() == []
+    lib.check_impl(DEFAULT)
+    with pytest.raises(ValueError, match=r"impl: 'ring' is not an allreduce algorithm of "
+                       r"Intel MPI 2021\.18\.1 \(it has auto; .*at MPI_Init "
+                       r"\(I_MPI_ADJUST_ALLREDUCE\), not per call"):
+        lib.check_impl("ring")
+    base.current.cache_clear()
+    monkeypatch.setattr(base, "library", lambda: ("Intel MPI", "2021.18.1"))
+    monkeypatch.setattr(base, "_warned", set())
+    try:
+        with pytest.warns(RuntimeWarning, match=r"^ringtune: Intel MPI 2021\.18\.1 chooses "
+                          r"its allreduce algorithm once.*impl=auto\)$"):
+            assert type(base.current()) is intelmpi.IntelMpi
+        base.current.cache_clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per job: a second lookup is silent
+            base.current()
+    finally:
+        base.current.cache_clear()
