@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from . import __version__
-from .errors import CommandFailed, UsageError, report_error
+from .errors import CommandFailed, UsageError, one_line_warnings, report_error
 from .launch import launch_rank
 
 #: verb -> module; the order is the order of ``ringtune --help``.
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (the console script exits with it)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    one_line_warnings()
     try:
         if os.environ.get("RINGTUNE_LOG"):
             from collectives.logs import log_level

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from typing import Any
 
 
 class UsageError(Exception):
@@ -47,3 +48,33 @@ def report_error(exc: BaseException | str, rank: int = 0, *,
                                                                                 BaseException):
             traceback.print_exception(exc)
     return code
+
+
+#: The packages whose warnings the CLI prints as one line (``one_line_warnings``).
+_OWN_PACKAGES = ("collectives", "autotune", "probes", "ringtune")
+
+
+def one_line_warnings() -> None:
+    """Print the project's own warnings as one line each (``ringtune: …``), as errors are:
+    Python's format adds the file, the line number and the source line, which tell a user
+    of the CLI nothing. Warnings of other packages keep Python's format; tests that record
+    warnings (``warnings.catch_warnings(record=True)``) are not affected."""
+    import warnings
+
+    python_format = warnings.showwarning
+    own = tuple(f"{os.sep}{pkg}{os.sep}" for pkg in _OWN_PACKAGES)
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        if not any(part in filename for part in own):
+            python_format(message, category, filename, lineno, file, line)
+            return
+        text = " ".join(str(message).split("\n"))
+        if not text.startswith("ringtune"):
+            text = f"ringtune: warning: {text}"
+        try:
+            print(text, file=file or sys.stderr, flush=True)
+        except OSError:
+            pass  # stderr gone (a closed pipe): as Python's own showwarning does
+
+    warnings.showwarning = show
