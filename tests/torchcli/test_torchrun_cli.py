@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,8 @@ def _env(**extra: str) -> dict[str, str]:
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
+    # A rank that dies of a signal (SIGABRT, SIGSEGV) prints every thread's Python stack.
+    env["PYTHONFAULTHANDLER"] = "1"
     # These tests check what a tune records, not its speed: other work on the cores (a
     # loaded CI machine) may make a re-measurement 10x off the search, which stops a tune
     # by default (autotune.choose); tests/__init__.py sets the same, stripped above.
@@ -47,6 +50,22 @@ def torchrun(args: list[str], nproc: int = 2, **env: str) -> subprocess.Complete
     return run_bounded(cmd, TIMEOUT_S, cwd=ROOT, env=_env(**env), stdin=subprocess.DEVNULL)
 
 
+#: torchrun's own lines: its log records ("W1205 08:46:43.890000 19703 .../api.py:1002]")
+#: and the ChildFailedError report, which fill the end of stderr and hide the ranks' words.
+_TORCHRUN_LOG = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d")
+
+
+def _why(res: subprocess.CompletedProcess[str]) -> str:
+    """What the ranks said on stderr (torchrun's log lines left out), for a failure."""
+    ranks = [ln for ln in res.stderr.splitlines() if not _TORCHRUN_LOG.match(ln)]
+    cut = next((i for i, ln in enumerate(ranks) if ln.startswith("Traceback (most recent call "
+                                                                  "last):") and any(
+        "torch/distributed/run.py" in later for later in ranks[i:i + 12])), len(ranks))
+    codes = [ln.strip() for ln in ranks[cut:] if "exitcode" in ln]  # each rank's end
+    return f"exit {res.returncode}:\n" + "\n".join(ranks[:cut])[-6000:] + "\n" + \
+        "\n".join(codes)
+
+
 def _lines(text: str, word: str) -> list[str]:
     return [ln for ln in text.splitlines() if word in ln]
 
@@ -54,7 +73,7 @@ def _lines(text: str, word: str) -> list[str]:
 def test_bench_under_torchrun_runs_over_torch() -> None:
     res = torchrun([*_ringtune(), "bench", "-b", "1K", "-e", "16K", "-f", "4", "-w", "1",
                     "-n", "3"])
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 0, _why(res)
     header = _lines(res.stdout, "# ringtune bench:")
     assert len(header) == 1, res.stdout  # rank 0 alone prints
     assert "2 ranks" in header[0] and "engine torch (gloo)" in header[0]
@@ -69,7 +88,7 @@ def test_tune_records_engine_and_other_engine_sets_it_aside(tmp_path: Path) -> N
     out = tmp_path / "torch-profile.yaml"
     res = torchrun([*_ringtune(), "tune", "--out", str(out), "--buckets", "4K,64K",
                     "--trials", "3", "--budget", "60", "--no-progress"])
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 0, _why(res)
     assert "over torch" in res.stdout
     from collectives.profile import load_profile
 
@@ -91,7 +110,7 @@ def test_tune_records_engine_and_other_engine_sets_it_aside(tmp_path: Path) -> N
             "print('WARNINGS', [str(x.message) for x in w])\n")
     res = run_bounded([mpiexec, "-n", "2", sys.executable, "-c", code], TIMEOUT_S,
                       cwd=ROOT, env=_env(P=str(out)), stdin=subprocess.DEVNULL)
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 0, _why(res)
     # Counted, not split into lines: the two ranks' output may interleave.
     assert res.stdout.count("set aside: tuned over the torch engine, this job runs over "
                             "mpi") == 2, res.stdout
@@ -116,7 +135,7 @@ def test_cli_bad_input_is_one_line() -> None:
     res = torchrun([*_ringtune(), "bench", "-np", "2"])
     assert res.returncode != 0
     lines = _lines(res.stderr, "ringtune: error: -np launches ranks under mpiexec")
-    assert len(lines) == 1, res.stderr[-2000:]
+    assert len(lines) == 1, _why(res)
 
 
 def test_init_process_group_ringtune_outside_a_launcher() -> None:
@@ -139,7 +158,7 @@ def test_example_ringtune_backend_tracks_gloo(tmp_path: Path) -> None:
         out = tmp_path / f"{backend}.json"
         res = torchrun([sys.executable, str(ROOT / "examples" / "train_digits.py"),
                         "--backend", backend, "--steps", "25", "--json", str(out)])
-        assert res.returncode == 0, res.stderr[-2000:]
+        assert res.returncode == 0, _why(res)
         assert f"torchrun, {backend} backend, none hook, 2 ranks" in res.stdout
         results[backend] = json.loads(out.read_text())
     a, b = results["ringtune"]["losses"], results["gloo"]["losses"]
@@ -173,7 +192,7 @@ def test_ringtune_group_again_after_destroy(tmp_path: Path) -> None:
         "    assert n <= before, f'{n} sockets open after destroy, {before} before'\n"
         "print('TWICE OK', flush=True)\n")
     res = torchrun([sys.executable, str(script)])
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 0, _why(res)
     assert res.stdout.count("TWICE OK") == 2
 
 
@@ -188,4 +207,4 @@ def test_example_reads_scikit_learns_digits_without_importing_it() -> None:
             "assert y.dtype == b.dtype; print('SAME')")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, stdin=subprocess.DEVNULL)
-    assert res.returncode == 0 and "SAME" in res.stdout, res.stderr[-2000:]
+    assert res.returncode == 0 and "SAME" in res.stdout, _why(res)
