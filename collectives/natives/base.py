@@ -1,14 +1,15 @@
 """One interface per MPI library: what ``native`` can choose in it, how, and what it costs.
 
 Use ``current()`` to get the module of the library mpi4py loaded (``mpich``, ``openmpi``,
-``intelmpi``, or the default-only ``NativeLibrary`` for any other; Intel MPI's and the others'
-default allreduce only, said once); ``for_name`` for the library a profile recorded; ``for_cost_model`` for the library a
-cost model's cluster names (``Cluster.native_model``); ``libraries()`` for every one (the
-schema's compositions, ``collectives.mpit.library``'s names, the export formats). Each
-library's module registers itself with ``@register``; ``native.py``, the cost model, the
-calibration, the schema, the tuner and ``ringtune export`` ask it instead of naming a
-library. Adding a library is one module here (and one import in ``__init__``), or a
-plug-in module outside the tree (``collectives.plugins``), loaded for a name not known.
+``intelmpi``, or the default-only ``NativeLibrary`` for any other; Intel MPI and the others
+run their default allreduce only, said once); ``for_name`` for the library a profile
+recorded; ``for_cost_model`` for the library a cost model's cluster names
+(``Cluster.native_model``); ``libraries()`` for every one (the schema's compositions,
+``collectives.mpit.library``'s names, the export formats). Each library's module registers
+itself with ``@register``; ``native.py``, the cost model, the calibration, the schema, the
+tuner and ``ringtune export`` ask it instead of naming a library. Adding a library is one
+module here (and one import in ``__init__``), or a plug-in module outside the tree
+(``collectives.plugins``), loaded for a name not known.
 
 The cost model's side: ``cost(model, params, sizes)`` is ``native``'s time with those
 parameters, ``default_cost`` the library's own allreduce on a sub-communicator. ``model``
