@@ -67,20 +67,25 @@ def rank_of(pid: int) -> int | None:
     return None
 
 
+def rank_host(pid: int, inodes: dict[int, int]) -> int | None:
+    """The host index of process ``pid`` when it is a running rank in one of the hosts'
+    namespaces (namespace inode -> host index ``inodes``), else ``None``."""
+    try:
+        host = inodes.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
+    except OSError:
+        return None  # gone, or not ours to read
+    return host if host is not None and _alive(pid) and _is_rank(pid) else None
+
+
 def pids_by_namespace(inodes: dict[int, int]) -> list[set[int]]:
     """The ranks' process ids per host index, for namespace inode -> host index
     ``inodes``."""
     found: list[set[int]] = [set() for _ in inodes]
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            ino = os.stat(f"/proc/{entry}/ns/net").st_ino
-        except OSError:
-            continue  # gone, or not ours to read
-        host = inodes.get(ino)
-        if host is not None and _alive(int(entry)) and _is_rank(int(entry)):
-            found[host].add(int(entry))
+        if entry.isdigit():
+            host = rank_host(int(entry), inodes)
+            if host is not None:
+                found[host].add(int(entry))
     return found
 
 
@@ -125,12 +130,9 @@ class HostMonitor:
     def _learn(self, pid: int) -> None:
         """A process that just ran ``exec``: a rank of one of the hosts? Learnt at once,
         so a rank that ends before the next scan is still known."""
-        try:
-            host = self._inodes.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
-        except OSError:
-            return
-        if host is not None and _is_rank(pid):
-            self._order.add(host, pid, rank_of(pid))
+        host = rank_host(pid, self._inodes)
+        if host is not None:
+            self._order.add(host, pid)
 
     def _loop(self) -> None:
         try:
@@ -148,7 +150,7 @@ class HostMonitor:
                 if not last and time.monotonic() >= next_scan:
                     for i, pids in enumerate(pids_by_namespace(self._inodes)):
                         for pid in pids:
-                            self._order.add(i, pid, None)
+                            self._order.add(i, pid)
                     # Until every host's ranks are found, look again soon.
                     next_scan = time.monotonic() + (
                         self.rescan if self._order.all_seen else self.interval)
@@ -170,7 +172,7 @@ class HostMonitor:
             self.first_rank = self._order.ranks.get(pid)
             self.lost_at = time.monotonic()
         else:
-            self.why = self._order.why([h.hostname for h in self.hosts])
+            self.why = self._order.why([h.hostname for h in self.hosts], _alive)
 
 
 class ExitOrder:
@@ -192,7 +194,9 @@ class ExitOrder:
     def all_seen(self) -> bool:
         return all(self.known)
 
-    def add(self, host: int, pid: int, rank: int | None) -> None:
+    def add(self, host: int, pid: int, rank: int | None = None) -> None:
+        """Rank process ``pid`` runs on ``host`` (its world ``rank``: read from its
+        environment when not given)."""
         if pid not in self.known[host]:
             self.known[host].add(pid)
             self.ranks[pid] = rank if rank is not None else rank_of(pid)
@@ -211,23 +215,24 @@ class ExitOrder:
         """The kernel dropped events, perhaps a rank's exit: rank processes no longer
         ``alive`` ended unread. None: nothing that matters was lost. All on one host (every
         host's ranks found): that host's ended first. Else the order is lost."""
-        gone = {i for i, k in enumerate(self.known) for pid in k if not alive(pid)}
+        gone = [(i, pid) for i, k in enumerate(self.known) for pid in sorted(k)
+                if not alive(pid)]
         if not gone:
             return
-        if len(gone) == 1 and self.all_seen:
-            host = gone.pop()
-            self.first = (host, min(p for p in self.known[host] if not alive(p)))
+        if len({i for i, _ in gone}) == 1 and self.all_seen:
+            self.first = gone[0]
         else:
             self.lost = True
 
-    def why(self, names: Sequence[str]) -> str:
-        """Why no host was named (``""``: no rank ended while watched)."""
+    def why(self, names: Sequence[str], alive: Callable[[int], bool]) -> str:
+        """Why no host was named (``""``: no rank ended while watched); ``alive`` tells
+        the rank processes still running."""
         if not self.all_seen:
             unseen = [n for n, k in zip(names, self.known) if not k]
             return f"the ranks of {', '.join(unseen)} were never seen running"
         if self.lost:
             return "the kernel dropped process events"
-        gone = [pid for k in self.known for pid in k if not _alive(pid)]
+        gone = [pid for k in self.known for pid in sorted(k) if not alive(pid)]
         if gone:
             return (f"no exit event arrived for rank process(es) {', '.join(map(str, gone))}"
                     " (a kernel or container that hides process events?)")

@@ -39,3 +39,9 @@ def test_other_packages_keep_pythons_format(shown: io.StringIO) -> None:
     warnings.showwarning("deprecated", DeprecationWarning, "/x/site-packages/optuna/a.py", 7,
                          shown)
     assert "optuna/a.py:7: DeprecationWarning: deprecated" in shown.getvalue()
+
+
+def test_installing_again_adds_no_layer(shown: io.StringIO) -> None:
+    once = warnings.showwarning
+    one_line_warnings()  # main() called again in the same process
+    assert warnings.showwarning is once
