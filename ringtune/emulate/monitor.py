@@ -155,10 +155,10 @@ class HostMonitor:
                     next_scan = time.monotonic() + (
                         self.rescan if self._order.all_seen else self.interval)
                 read, lost = _read_events(events, 0.0 if last else self.interval)
-                for what, pid in read:
+                for what, pid, status in read:
                     if what == _PROC_EVENT_EXEC:
                         self._learn(pid)
-                    elif self._order.ended(pid):
+                    elif self._order.ended(pid, failed=status != 0):
                         break
                 if lost and self._order.first is None:
                     self._order.dropped(_alive)
@@ -178,9 +178,11 @@ class HostMonitor:
 class ExitOrder:
     """Which host's rank process ended first, from process exits in the kernel's order.
 
-    A rank is ``add``-ed when found (a scan, or its ``exec``); ``ended(pid)`` for each exit
-    in order. The first exit of a known rank decides, once every host's ranks have been
-    found: an exit of a host not yet found could not be told from another process's."""
+    A rank is ``add``-ed when found (a scan, or its ``exec``); ``ended(pid, failed)`` for
+    each exit in order. The first failed exit (a status other than 0, or a signal) of a
+    known rank decides, once every host's ranks have been found: an exit of a host not yet
+    found could not be told from another process's. A rank that ends with 0 (done early,
+    as a job's ranks do at different moments) decides nothing."""
 
     def __init__(self, hosts: int) -> None:
         self.known: list[set[int]] = [set() for _ in range(hosts)]
@@ -189,6 +191,8 @@ class ExitOrder:
         self.first: tuple[int, int] | None = None
         #: The kernel dropped process events (its queue was full): the order may be wrong.
         self.lost = False
+        #: Ranks that ended with status 0.
+        self.clean: set[int] = set()
 
     @property
     def all_seen(self) -> bool:
@@ -201,10 +205,14 @@ class ExitOrder:
             self.known[host].add(pid)
             self.ranks[pid] = rank if rank is not None else rank_of(pid)
 
-    def ended(self, pid: int) -> bool:
-        """Process ``pid`` exited; ``True`` once the first rank to end is known."""
+    def ended(self, pid: int, failed: bool = True) -> bool:
+        """Process ``pid`` exited (``failed``: not with status 0); ``True`` once the first
+        rank to fail is known."""
         host = next((i for i, k in enumerate(self.known) if pid in k), None)
         if host is None:
+            return False
+        if not failed:
+            self.clean.add(pid)
             return False
         if not self.all_seen or self.lost:
             return False
@@ -215,7 +223,7 @@ class ExitOrder:
         """The kernel dropped events, perhaps a rank's exit: rank processes no longer
         ``alive`` ended unread. None: nothing that matters was lost. All on one host (every
         host's ranks found): that host's ended first. Else the order is lost."""
-        gone = [(i, pid) for i, k in enumerate(self.known) for pid in sorted(k)
+        gone = [(i, pid) for i, k in enumerate(self.known) for pid in sorted(k - self.clean)
                 if not alive(pid)]
         if not gone:
             return
@@ -232,7 +240,7 @@ class ExitOrder:
             return f"the ranks of {', '.join(unseen)} were never seen running"
         if self.lost:
             return "the kernel dropped process events"
-        gone = [pid for k in self.known for pid in sorted(k) if not alive(pid)]
+        gone = [pid for k in self.known for pid in sorted(k - self.clean) if not alive(pid)]
         if gone:
             return (f"no exit event arrived for rank process(es) {', '.join(map(str, gone))}"
                     " (a kernel or container that hides process events?)")
@@ -266,12 +274,13 @@ def _process_events() -> socket.socket:
     return sock
 
 
-def _read_events(sock: socket.socket, timeout: float) -> tuple[list[tuple[int, int]], bool]:
-    """(event, process id) of the execs and exits (of thread-group leaders) queued, in
-    order, waiting up to ``timeout`` for the first; and whether the kernel dropped some
-    (its queue for this socket was full: ``ENOBUFS``)."""
+def _read_events(sock: socket.socket,
+                 timeout: float) -> tuple[list[tuple[int, int, int]], bool]:
+    """(event, process id, wait status: 0 for an exec) of the execs and exits (of
+    thread-group leaders) queued, in order, waiting up to ``timeout`` for the first; and
+    whether the kernel dropped some (its queue for this socket was full: ``ENOBUFS``)."""
     sock.settimeout(timeout if timeout > 0 else 0)
-    out: list[tuple[int, int]] = []
+    out: list[tuple[int, int, int]] = []
     lost = False
     while True:
         try:
@@ -285,8 +294,11 @@ def _read_events(sock: socket.socket, timeout: float) -> tuple[list[tuple[int, i
             sock.settimeout(0)
             continue
         sock.settimeout(0)  # drain what is queued, then return
-        # nlmsghdr (16) + cn_msg (20) + proc_event: what, cpu, timestamp, pid, tgid, …
-        if len(data) >= 16 + 20 + 24:
-            what, _cpu, _ts, pid, tgid = struct.unpack_from("=IIQII", data, 36)
-            if what in (_PROC_EVENT_EXEC, _PROC_EVENT_EXIT) and pid == tgid:
-                out.append((what, pid))
+        # nlmsghdr (16) + cn_msg (20) + proc_event: what, cpu, timestamp, then for an exec
+        # pid, tgid; for an exit pid, tgid, exit_code (the wait status), exit_signal, …
+        if len(data) >= 16 + 20 + 28:
+            what, _cpu, _ts, pid, tgid, status = struct.unpack_from("=IIQIII", data, 36)
+            if what == _PROC_EVENT_EXEC and pid == tgid:
+                out.append((what, pid, 0))
+            elif what == _PROC_EVENT_EXIT and pid == tgid:
+                out.append((what, pid, status))

@@ -58,3 +58,16 @@ def test_ranks_that_ended_without_an_exit_event_are_named_in_why() -> None:
     assert why.startswith("no exit event arrived for rank process(es) ")
     assert why.endswith("rank process(es) 100, 201 (a kernel or container that hides "
                         "process events?)"), why
+
+
+def test_a_rank_that_ends_cleanly_decides_nothing() -> None:
+    # Ranks end at different moments when a job is done; rank 3's failure is the news.
+    order = _two_hosts()
+    assert not order.ended(100, failed=False)
+    assert not order.ended(101, failed=False)
+    assert order.ended(201)
+    assert order.first == (1, 201)
+    # Gone with status 0: not "an exit that never arrived".
+    order = _two_hosts()
+    order.ended(100, failed=False)
+    assert order.why(["emu0", "emu1"], {101, 200, 201}.__contains__) == ""
