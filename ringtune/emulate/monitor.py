@@ -69,12 +69,16 @@ def rank_of(pid: int) -> int | None:
 
 def rank_host(pid: int, inodes: dict[int, int]) -> int | None:
     """The host index of process ``pid`` when it is a running rank in one of the hosts'
-    namespaces (namespace inode -> host index ``inodes``), else ``None``."""
+    namespaces (namespace inode -> host index ``inodes``), else ``None``. A rank: started
+    by a launcher, with its world rank in its environment (a launcher's other children,
+    short-lived helpers a torchrun agent runs, have none)."""
     try:
         host = inodes.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
     except OSError:
         return None  # gone, or not ours to read
-    return host if host is not None and _alive(pid) and _is_rank(pid) else None
+    if host is None or not _alive(pid) or not _is_rank(pid) or rank_of(pid) is None:
+        return None
+    return host
 
 
 def pids_by_namespace(inodes: dict[int, int]) -> list[set[int]]:
