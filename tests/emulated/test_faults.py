@@ -114,8 +114,11 @@ def _trials(storage: str) -> dict[tuple[str, int], tuple[str, float | None]]:
 def test_tune_killed_mid_trial_resumes_losing_at_most_that_trial(tmp_path: Path) -> None:
     profile = tmp_path / "p.yaml"
     storage = f"sqlite:///{tmp_path / 'p.db'}"
-    tune = ["ringtune", "tune", "--out", str(profile), "--buckets", "64K,256K", "--trials", "4",
+    # Enough trials that the tune cannot end between reading 2 completed ones and the kill
+    # (CI under load once saw the namespaces gone by then with 4 per bucket).
+    tune = ["ringtune", "tune", "--out", str(profile), "--buckets", "64K,256K", "--trials", "8",
             "--budget", "120", "--no-progress", "--seed", "1"]
+    import optuna  # noqa: F401 - now, not in the window before the kill (seconds under load)
     job = Job(tmp_path, tune)
     deadline = time.monotonic() + 120
     before: dict = {}
@@ -126,6 +129,7 @@ def test_tune_killed_mid_trial_resumes_losing_at_most_that_trial(tmp_path: Path)
             if sum(s == "COMPLETE" for s, _ in before.values()) >= 2:
                 break
         time.sleep(0.2)
+    assert job.proc.poll() is None, "the tune ended before the kill:\n" + job.output()
     for pid in job.pids(1):
         os.kill(pid, signal.SIGKILL)
     code, _ = job.end()
