@@ -63,8 +63,30 @@ def test_second_run_waits_with_wait_then_runs(tmp_path: Path) -> None:
     assert not [p for p in pids if _alive(p)]
 
 
-def test_failing_command_status_passes_through() -> None:
-    res = emulate("2x2", ["sh", "-c", 'exit $((PMI_RANK == 3 ? 5 : 0))'], timeout=60)
+#: Ranks 0-2 record their pid and exit 0; rank 3 exits 5 once they are gone. Hydra's
+#: status is the OR of the ranks' statuses, and a rank still starting when another fails is
+#: killed (5 | 137 = 141 was seen under load), so rank 3 fails only after the others ended.
+_LAST_RANK_FAILS = """
+d="$1"
+if [ "$PMI_RANK" = 3 ]; then
+  i=0
+  while [ $i -lt 600 ]; do
+    n=0
+    for f in "$d"/pid.*; do
+      [ -f "$f" ] && ! kill -0 "$(cat "$f")" 2>/dev/null && n=$((n + 1))
+    done
+    [ $n -ge 3 ] && exit 5
+    sleep 0.1
+    i=$((i + 1))
+  done
+  exit 6
+fi
+echo $$ > "$d/tmp.$PMI_RANK" && mv "$d/tmp.$PMI_RANK" "$d/pid.$PMI_RANK"
+"""
+
+
+def test_failing_command_status_passes_through(tmp_path: Path) -> None:
+    res = emulate("2x2", ["sh", "-c", _LAST_RANK_FAILS, "sh", str(tmp_path)], timeout=90)
     assert res.returncode == 5, (res.returncode, res.stderr)
     res = emulate("3x1", ["true"], timeout=60)
     assert res.returncode == 0, res.stderr
