@@ -30,11 +30,14 @@ modules, which exist only once torch is imported.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import pickle
 import socket
+import time
 import uuid
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,6 +57,49 @@ _REAL_EXIT = os._exit
 #: the communicator divides).
 REDUCE_OPS: dict[str, str] = {"sum": "SUM", "avg": "SUM", "prod": "PRODUCT", "min": "MIN",
                               "max": "MAX"}
+
+
+#: Seconds ``worker_safe`` waits, at most, for gloo's worker threads to drop a finished
+#: collective's tensors.
+LET_GO_S = 5.0
+
+
+@contextlib.contextmanager
+def worker_safe(tensors: Sequence[Any]) -> Iterator[None]:
+    """Run a gloo *collective* (``allreduce``, ``allgather``…) on CPU ``tensors`` made in
+    Python (each not a view: a ``from_numpy``/``frombuffer``/factory tensor) inside this
+    block, waiting for its ``Work`` and dropping it there; on leaving, it returns once
+    gloo's worker thread has let go of them.
+
+    Why: a gloo worker drops its work, and the tensors in it, just *after* marking it
+    done, so ``wait()`` returns first; and torch keeps a tensor's Python object alive
+    while C++ holds the tensor, so the drop that leaves only the Python object takes the
+    GIL to release it. Done by the worker after the interpreter began to finalize (a job's
+    last collective, then exit, on a loaded machine), CPython ends the worker with
+    ``pthread_exit``, the C++ unwinder meets a ``noexcept`` frame and the process aborts
+    after its work is done ("terminate called without an active exception", SIGABRT; a
+    core's backtrace: ``~AsyncWork`` → ``decref_pyobject`` → ``take_gil`` →
+    ``PyThread_exit_thread``). So each tensor gets a view that holds it from C++ for the
+    block's length (the worker's drop is then never the last but the Python object's), the
+    exit waits until the worker's references are gone, and then drops the views on this
+    thread, with the GIL. Point-to-point works (``send``/``recv``) need none of this: only
+    the caller's ``Work`` holds their tensors. Costs a view per tensor and one
+    ``_use_count()`` each when the worker is done already; the wait is bounded by
+    ``LET_GO_S``."""
+    keep = [t.view(t.shape) for t in tensors]
+    alone = [t._use_count() for t in tensors]  # this thread's references, the views' too
+    yield  # an exception leaves at once: the job is ending on an error anyway
+    deadline = time.monotonic() + LET_GO_S
+    while any(t._use_count() > n for t, n in zip(tensors, alone)) \
+            and time.monotonic() < deadline:
+        time.sleep(0)  # frees the GIL and the core for the worker
+    del keep
+
+
+def _safe(dev: Any, tensors: Sequence[Any]) -> contextlib.AbstractContextManager[None]:
+    """``worker_safe`` for gloo (CPU) tensors; nothing for NCCL's, whose works are held
+    by its own watchdog (waiting for that would cost every call its polling period)."""
+    return worker_safe(tensors) if dev.type == "cpu" else contextlib.nullcontext()
 
 
 def _dist() -> Any:
@@ -232,14 +278,16 @@ class TorchComm:
         data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         length = torch.tensor([len(data)], dtype=torch.int64, device=dev)
         lengths = [torch.empty_like(length) for _ in range(self.size)]
-        group.allgather([lengths], [length]).wait()
+        with _safe(dev, [length, *lengths]):
+            group.allgather([lengths], [length]).wait()
         sizes = [int(t.item()) for t in lengths]
         mine = torch.zeros(max(sizes), dtype=torch.uint8)
         if data:
             mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         mine = mine.to(dev)
         outs = [torch.empty_like(mine) for _ in range(self.size)]
-        group.allgather([outs], [mine]).wait()
+        with _safe(dev, [mine, *outs]):
+            group.allgather([outs], [mine]).wait()
         return [pickle.loads(o[:n].cpu().numpy().tobytes()) for o, n in zip(outs, sizes)]
 
     def bcast(self, value: Any, root: int = 0) -> Any:
@@ -255,7 +303,8 @@ class TorchComm:
 
         group, dev = self.object_device()
         one = torch.ones(1, dtype=torch.int32, device=dev)
-        group.allreduce([one]).wait()
+        with _safe(dev, [one]):
+            group.allreduce([one]).wait()
         if dev.type == "cuda":
             one.cpu()  # the wait queued the stream behind NCCL: block until it ran
 
@@ -286,7 +335,8 @@ class TorchComm:
         t = torch.from_numpy(np.ascontiguousarray(arr)).to(dev)
         opts = dist.AllreduceOptions()
         opts.reduceOp = getattr(dist.ReduceOp, REDUCE_OPS[op])
-        group.allreduce([t], opts).wait()
+        with _safe(dev, [t]):
+            group.allreduce([t], opts).wait()
         arr[...] = t.cpu().numpy().reshape(arr.shape)
 
     # -- blocking point-to-point of host arrays (the link probes: probes.links) ----------

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..backend import Backend
-from ..engines.torch import MOVERS, REDUCE_OPS, TorchComm
+from ..engines.torch import MOVERS, REDUCE_OPS, TorchComm, worker_safe
 from ..errors import RingtuneError
 from ..stall import ENV as STALL_ENV
 from ..stall import StallError, stall_timeout
@@ -218,9 +218,17 @@ class TorchTransport(Transport):
         """The group's own ``allreduce`` of ``buf`` in place (gloo's or NCCL's)."""
         if self.gpu:
             self.backend.synchronize()
-        t = self._bytes(buf).view(self._dtypes[str(buf.dtype)])
-        work = self.group.allreduce([t], self._opts[op])
-        self._wait([work], [-1])
+        if self.gpu:
+            t = self._bytes(buf).view(self._dtypes[str(buf.dtype)])
+            self._wait([self.group.allreduce([t], self._opts[op])], [-1])
+            return
+        if not buf.size:
+            return  # nothing to reduce (and frombuffer refuses an empty buffer)
+        # A tensor of its own over buf's memory (not a view: worker_safe holds it by one).
+        t = self._torch.frombuffer(buf.reshape(-1).view("uint8"),
+                                   dtype=self._dtypes[str(buf.dtype)])
+        with worker_safe([t]):
+            self._wait([self.group.allreduce([t], self._opts[op])], [-1])
 
     def sub(self, comm: Any) -> Transport:
         return make_torch_transport(comm, self.backend)
