@@ -306,10 +306,11 @@ bench: install
 docs: install
 	$(PY) -m ringtune.clidoc
 
-# BENCHMARKS.md's tables and plots: run the benchmark scripts (~15 min; on a quiet machine,
+# BENCHMARKS.md's tables and plots: run the benchmark scripts (~25 min; on a quiet machine,
 # it replaces benchmarks/results/ and the page), or QUICK=1: small sizes into
 # build/bench-report/, leaving the page alone. The emulated scenarios need root; the
-# training one .venv-torch (each is skipped with the reason without it).
+# training one .venv-torch (each is skipped with the reason without it); the peer table's
+# columns for Open MPI, Intel MPI and gloo need .venv-ompi, .venv-impi and .venv-torch.
 bench-report: install
 	@if [ -n "$(QUICK)" ]; then \
 	  $(PY) benchmarks/report.py run --quick --out build/bench-report; \

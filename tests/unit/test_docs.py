@@ -233,3 +233,29 @@ def test_report_reads_the_tables_the_scripts_print() -> None:
     assert rows == [["64 KiB", "1.20", "0.80"], ["1 MiB", "1.50", "1.40"]]
     assert report.size_bytes("64 KiB") == 65536 and report.size_label(1 << 20) == "1 MiB"
     assert report.first_number("9.8 (86%, 1.15x)", r"\((\d+(?:\.\d+)?)%") == 86.0
+
+
+def test_a_grouped_plot_has_one_panel_per_group(tmp_path: Path) -> None:
+    """The peer table's plot has one panel per rank count (its ``group`` column); a plot
+    without a group has one."""
+    import struct
+
+    report: Any = _report()
+    data = {"columns": ["ranks", "size", "copy bound", "MPICH", "ringtune on MPICH"],
+            "rows": [["2", "64 KiB", "7.0", "2.0", "2.0 (= native)"],
+                     ["2", "1 MiB", "7.0", "4.0", "5.0 (1.25x)"],
+                     ["4", "64 KiB", "5.0", "1.0", "1.0 (= native)"],
+                     ["4", "1 MiB", "5.0", "2.0", "3.0 (1.50x)"]],
+            "notes": [], "measured": "2026-12-05 00:00 UTC, quiet"}
+    out = tmp_path / "peers.png"
+    report.plot("peers", data, out)
+    png = out.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", png[16:24])  # IHDR: two panels side by side
+    assert width > 2.5 * height, (width, height)
+    single = tmp_path / "tuner.png"
+    report.plot("tuner", {"columns": ["size", "native", "tuned"],
+                          "rows": [["64 KiB", "1.0", "1.1"], ["1 MiB", "2.0", "2.2"]],
+                          "notes": [], "measured": "2026-12-05 00:00 UTC"}, single)
+    w1, h1 = struct.unpack(">II", single.read_bytes()[16:24])
+    assert w1 < 2 * h1, "an ungrouped plot has one panel"
