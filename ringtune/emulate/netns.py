@@ -136,14 +136,66 @@ def kill_namespace_processes(names: Sequence[str], grace: float = 1.0) -> int:
     return len(pids)
 
 
+def _inodes(names: Sequence[str]) -> set[int]:
+    """The nsfs inodes of the named namespaces (what ``/proc/PID/ns/net`` of a process
+    inside one of them stats to), of those that exist."""
+    out: set[int] = set()
+    for ns in names:
+        try:
+            out.add(os.stat(f"/run/netns/{ns}").st_ino)
+        except OSError:
+            pass
+    return out
+
+
+def _pids_in(inodes: set[int]) -> set[int]:
+    """Processes whose network namespace is one of ``inodes``, found through /proc: also
+    those of a namespace whose name is already deleted (a zombie's link is unreadable)."""
+    pids: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}/ns/net").st_ino in inodes:
+                    pids.add(int(entry))
+            except OSError:
+                pass  # gone, or a zombie
+    return pids
+
+
+def kill_stragglers(inodes: set[int], timeout: float = 3.0) -> int:
+    """SIGKILL processes still inside the namespaces of ``inodes`` until two passes 50 ms
+    apart find none (bounded by ``timeout``); returns how many were killed.
+
+    Why: a process can enter a namespace after :func:`kill_namespace_processes` looked (a
+    launcher shim's ``ip netns exec`` under way when the job was stopped; seen in CI under
+    load as two orphaned ``hydra_pmi_proxy``). Deleting the name does not end it, and it
+    keeps the namespace alive with no name, where ``ip netns list`` no longer shows it."""
+    killed, quiet = 0, 0
+    deadline = time.monotonic() + timeout
+    while inodes and quiet < 2 and time.monotonic() < deadline:
+        pids = _pids_in(inodes)
+        quiet = 0 if pids else quiet + 1
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    return killed
+
+
 def remove_namespaces(names: Sequence[str]) -> None:
-    """Kill what runs in ``names``, then delete them (their veths go with them)."""
+    """Kill what runs in ``names``, then delete them (their veths go with them), then kill
+    any process that entered one of them meanwhile."""
+    inodes = _inodes(names)
     kill_namespace_processes(names)
     errors = []
     for ns in names:
         res = _run(["ip", "netns", "del", ns], check=False)
         if res.returncode != 0 and ns in namespaces():
             errors.append(f"{ns}: {res.stderr.strip()}")
+    kill_stragglers(inodes)
     if errors:
         raise CommandFailed(f"emulate: could not delete namespace {errors[0]}; run "
                             f"`ringtune emulate --cleanup`")

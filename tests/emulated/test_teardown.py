@@ -160,3 +160,34 @@ def test_signal_during_setup_leaves_nothing(sig: int) -> None:
         assert not left, f"signal {delay} s into set-up left {left}: {err}"
         etc = Path("/etc/netns")
         assert not (etc.is_dir() and [p for p in etc.iterdir() if p.name.startswith(mine)])
+
+
+def test_a_process_that_enters_after_the_sweep_is_killed_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that enters a namespace after the teardown's sweep looked (a launcher
+    shim's ``ip netns exec`` under way when the job is stopped) must not outlive it: it
+    would keep the namespace alive with no name. The sweep is made to miss it here."""
+    from ringtune.emulate import netns
+
+    name = f"{netns.PREFIX}-{os.getpid()}-straggler"
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        ino = os.stat(f"/run/netns/{name}").st_ino
+        proc = subprocess.Popen(["ip", "netns", "exec", name, "sleep", "100"],
+                                start_new_session=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not netns._pids_in({ino}):
+            time.sleep(0.01)
+        assert netns._pids_in({ino}) == {proc.pid}, "the process never entered"
+        monkeypatch.setattr(netns, "kill_namespace_processes",
+                            lambda names, grace=1.0: 0)  # the sweep that came too early
+        netns.remove_namespaces([name])
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        assert name not in netns.namespaces()
+        assert not netns._pids_in({ino})
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
