@@ -19,11 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from .netns import Host
-
-
-def _ns_inode(namespace: str) -> int:
-    return os.stat(f"/run/netns/{namespace}").st_ino
+from .netns import Host, ns_inode, process_ns_inode
 
 
 def _alive(pid: int) -> bool:
@@ -72,10 +68,8 @@ def rank_host(pid: int, inodes: dict[int, int]) -> int | None:
     namespaces (namespace inode -> host index ``inodes``), else ``None``. A rank: started
     by a launcher, with its world rank in its environment (a launcher's other children,
     short-lived helpers a torchrun agent runs, have none)."""
-    try:
-        host = inodes.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
-    except OSError:
-        return None  # gone, or not ours to read
+    ino = process_ns_inode(pid)
+    host = inodes.get(ino) if ino is not None else None  # None: gone, or not ours to read
     if host is None or not _alive(pid) or not _is_rank(pid) or rank_of(pid) is None:
         return None
     return host
@@ -117,7 +111,7 @@ class HostMonitor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="emulate-monitor",
                                         daemon=True)
-        self._inodes = {_ns_inode(h.namespace): h.index for h in self.hosts}
+        self._inodes = {ns_inode(h.namespace): h.index for h in self.hosts}
 
     def start(self) -> None:
         if len(self.hosts) > 1:

@@ -118,58 +118,32 @@ def pick_subnet() -> int:
     raise CommandFailed("emulate: every 10.100-254.0.0/16 is in use on this machine")
 
 
-def kill_namespace_processes(names: Sequence[str], grace: float = 1.0) -> int:
-    """SIGKILL every process inside ``names`` (namespaces this tool made), wait for them to
-    go; returns how many there were."""
-    pids: set[int] = set()
-    for ns in names:
-        out = _run(["ip", "netns", "pids", ns], check=False).stdout
-        pids.update(int(p) for p in out.split() if p.isdigit())
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
-        time.sleep(0.02)
-    return len(pids)
+def ns_inode(namespace: str) -> int:
+    """The nsfs inode of namespace ``namespace``: what :func:`process_ns_inode` gives for a
+    process inside it, also after its name is deleted."""
+    return os.stat(f"/run/netns/{namespace}").st_ino
 
 
-def _inodes(names: Sequence[str]) -> set[int]:
-    """The nsfs inodes of the named namespaces (what ``/proc/PID/ns/net`` of a process
-    inside one of them stats to), of those that exist."""
-    out: set[int] = set()
-    for ns in names:
-        try:
-            out.add(os.stat(f"/run/netns/{ns}").st_ino)
-        except OSError:
-            pass
-    return out
+def process_ns_inode(pid: int) -> int | None:
+    """The inode of process ``pid``'s network namespace; ``None`` when it is gone or a
+    zombie (whose link is unreadable)."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
 
 
 def _pids_in(inodes: set[int]) -> set[int]:
-    """Processes whose network namespace is one of ``inodes``, found through /proc: also
-    those of a namespace whose name is already deleted (a zombie's link is unreadable)."""
-    pids: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}/ns/net").st_ino in inodes:
-                    pids.add(int(entry))
-            except OSError:
-                pass  # gone, or a zombie
-    return pids
+    """Processes whose network namespace is one of ``inodes``, found through /proc (so also
+    those of a namespace whose name is already deleted)."""
+    return {int(e) for e in os.listdir("/proc")
+            if e.isdigit() and process_ns_inode(int(e)) in inodes}
 
 
-def kill_stragglers(inodes: set[int], timeout: float = 3.0) -> int:
-    """SIGKILL processes still inside the namespaces of ``inodes`` until two passes 50 ms
-    apart find none (bounded by ``timeout``); returns how many were killed.
-
-    Why: a process can enter a namespace after :func:`kill_namespace_processes` looked (a
-    launcher shim's ``ip netns exec`` under way when the job was stopped; seen in CI under
-    load as two orphaned ``hydra_pmi_proxy``). Deleting the name does not end it, and it
-    keeps the namespace alive with no name, where ``ip netns list`` no longer shows it."""
+def kill_namespace_processes(inodes: set[int], timeout: float = 3.0) -> int:
+    """SIGKILL every process inside the namespaces of ``inodes`` (namespaces this tool made)
+    until two passes 50 ms apart find none (bounded by ``timeout``); returns how many kills
+    were sent. A killed process counts as gone once it is a zombie."""
     killed, quiet = 0, 0
     deadline = time.monotonic() + timeout
     while inodes and quiet < 2 and time.monotonic() < deadline:
@@ -186,16 +160,27 @@ def kill_stragglers(inodes: set[int], timeout: float = 3.0) -> int:
 
 
 def remove_namespaces(names: Sequence[str]) -> None:
-    """Kill what runs in ``names``, then delete them (their veths go with them), then kill
-    any process that entered one of them meanwhile."""
-    inodes = _inodes(names)
-    kill_namespace_processes(names)
+    """Kill what runs in ``names``, delete them (their veths go with them), then kill what
+    entered one of them meanwhile.
+
+    Why twice: a process can enter a namespace after the first pass looked (a launcher
+    shim's ``ip netns exec`` under way when the job was stopped; seen in CI under load as
+    two orphaned ``hydra_pmi_proxy``). Deleting the name does not end it, and it keeps the
+    namespace alive with no name, where ``ip netns list`` no longer shows it; by inode the
+    second pass still finds it."""
+    inodes = set()
+    for ns in names:
+        try:
+            inodes.add(ns_inode(ns))
+        except OSError:
+            pass  # already gone
+    kill_namespace_processes(inodes)
     errors = []
     for ns in names:
         res = _run(["ip", "netns", "del", ns], check=False)
         if res.returncode != 0 and ns in namespaces():
             errors.append(f"{ns}: {res.stderr.strip()}")
-    kill_stragglers(inodes)
+    kill_namespace_processes(inodes)
     if errors:
         raise CommandFailed(f"emulate: could not delete namespace {errors[0]}; run "
                             f"`ringtune emulate --cleanup`")
