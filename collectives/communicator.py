@@ -45,8 +45,9 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-class _Prepared:
-    """A cached, executable plan: the algorithm instance and what ``run`` needs."""
+class Prepared:
+    """A cached, executable plan: the algorithm instance and what ``run`` needs. Made by
+    ``Communicator.prepare_plan`` (or ``prepared``), run by ``Communicator.run_prepared``."""
 
     __slots__ = ("plan", "algo", "run", "avg", "size", "backend")
 
@@ -108,7 +109,7 @@ class Communicator:
         self.strict = bool(strict) or _env_flag("RINGTUNE_STRICT")
         self.check_args = _env_flag("RINGTUNE_CHECK")
         self.topology = topology
-        self._plans: dict[Any, _Prepared] = {}
+        self._plans: dict[Any, Prepared] = {}
         self._contexts: dict[tuple[str, str], Context] = {}
         self._transports: list[Transport] = []
         #: Why the given profile was set aside for built-in defaults (topology mismatch);
@@ -146,10 +147,11 @@ class Communicator:
             elif tune_lock is not None:
                 tune_lock.release()
             raise
-        #: RINGTUNE_LOG=debug: one line per call (rank 0), checked once here, not per call.
-        self._log_calls = self.rank == 0 and log.isEnabledFor(logging.DEBUG)
+        #: RINGTUNE_LOG=debug: one line per call (rank 0), checked once here, not per call;
+        #: a caller with its own fast path (the DDP hook) takes ``allreduce`` while it is set.
+        self.logs_calls = self.rank == 0 and log.isEnabledFor(logging.DEBUG)
         self._calls = 0
-        if self._log_calls:
+        if self.logs_calls:
             prof = self.profile
             src = (f"profile {prof.path} (sha256 {prof.sha256[:12]}…, {len(prof.rules)} "
                    f"rules)" if not prof.builtin else
@@ -339,10 +341,10 @@ class Communicator:
         text = (f"{nbytes} B -> {p.algorithm}{params} over {p.transport}: rule {p.rule} "
                 f"[{p.min_bytes}..{hi}] of {src}")
         if prof.backend != _NP_BACKEND.name:
-            # The profile's transports were chosen for its own buffers (``_prepare``): say
+            # The profile's transports were chosen for its own buffers (``prepare_plan``): say
             # what host buffers get, or a cupy/nccl profile reads as NCCL for NumPy arrays.
             text += (f" (for {prof.backend} buffers; host buffers run over "
-                     f"{self._default_transport(_NP_BACKEND)})")
+                     f"{self.default_transport(_NP_BACKEND)})")
         m = p.measured
         if m:
             bw, nat = m.get("busbw_gbps"), m.get("native_busbw_gbps")
@@ -384,13 +386,13 @@ class Communicator:
                 # Not settled yet (a settled size's plan is cached under ``key``).
                 self.online.call(key, flat, backend, op)
                 return buf
-            prepared = self._prepare(key, flat, backend, op, algorithm, transport, params)
-        if self._log_calls:
+            prepared = self.prepare_plan(key, flat, backend, op, algorithm, transport, params)
+        if self.logs_calls:
             self._log_call(prepared, flat, op, cached)
         self.run_prepared(prepared, flat)
         return buf
 
-    def run_prepared(self, prepared: _Prepared, flat: Any) -> None:
+    def run_prepared(self, prepared: Prepared, flat: Any) -> None:
         """Run a plan from ``prepared`` on the flat view it was prepared for: what every
         ``allreduce`` call does after finding its plan, and the one path the benchmark
         harness times, so every candidate pays the same per-call cost. Collective."""
@@ -404,11 +406,9 @@ class Communicator:
                 # may use ``buf`` on any stream (see collectives/cuda/backend.py).
                 backend.synchronize()
         except Exception as exc:
-            if self._raise_failures():
-                raise
-            self._abort(exc, prepared.plan, flat)
+            self.fail(exc, prepared.plan, flat)
 
-    def _log_call(self, prepared: _Prepared, flat: Any, op: str, cached: bool) -> None:
+    def _log_call(self, prepared: Prepared, flat: Any, op: str, cached: bool) -> None:
         self._calls += 1
         plan = prepared.plan
         log.debug("call %d: %d B %s %s -> %s%s over %s (%s plan)", self._calls,
@@ -425,19 +425,35 @@ class Communicator:
         return allreduce_many(self, buffers, op, bucket_bytes)
 
     def prepared(self, buf: Any, op: str = "sum", algorithm: str | None = None,
-                 transport: str | None = None, **params: Any) -> _Prepared:
+                 transport: str | None = None, **params: Any) -> Prepared:
         """The cached executable plan ``allreduce`` would run for these arguments (for the
         benchmark harness and overhead measurements). Collective on first use."""
         arr = as_buffer(buf)
         backend = backend_for(arr)
         flat = backend.as_flat(arr)
         key = _plan_key(flat, op, backend, algorithm, transport, params)
-        return self._plans.get(key) or self._prepare(key, flat, backend, op, algorithm,
+        return self._plans.get(key) or self.prepare_plan(key, flat, backend, op, algorithm,
                                                      transport, params)
 
-    def _prepare(self, key: Any, flat: Any, backend: Backend, op: str,
-                 algorithm: str | None, transport: str | None,
-                 params: Mapping[str, Any]) -> _Prepared:
+    # -- the plan cache: what online tuning (collectives.online) and any caller that
+    # chooses its own plans use; nothing outside this module touches ``_plans``.
+
+    def cached_plan(self, key: Any) -> Prepared | None:
+        """The plan cached under ``key`` (a ``collectives.plan.plan_key``), ``None`` when
+        there is none: look here before ``prepare_plan``, which always builds. Local."""
+        return self._plans.get(key)
+
+    def prepare_plan(self, key: Any, flat: Any, backend: Backend, op: str,
+                     algorithm: str | None = None, transport: str | None = None,
+                     params: Mapping[str, Any] | None = None) -> Prepared:
+        """Build the plan for ``flat`` (a backend's flat view of the buffer), ``op`` and the
+        choice (``algorithm`` ``None``: the profile's for the size; ``transport`` ``None``:
+        the profile's or the default), and install it in the cache under ``key``, replacing
+        what was there: later ``allreduce`` calls whose arguments give ``key`` run it.
+        Collective (setting up may build sub-communicators and transports); bad input is a
+        ``ValueError``/``TypeError`` alike on every rank, any other failure goes the way of
+        ``fail``."""
+        params = {} if params is None else params
         check_op(op)
         dtype = check_buffer_dtype(backend, flat.dtype)
         nbytes = int(flat.size) * int(flat.dtype.itemsize)
@@ -452,11 +468,11 @@ class Communicator:
             if transport is None and prof_backend != backend.name:
                 # The profile's transports were chosen for its own kind of buffer (a host
                 # profile, like the built-in one, says 'mpi'): other buffers use theirs.
-                transport = self._default_transport(backend)
+                transport = self.default_transport(backend)
             elif transport is None and not self.engine.runs_transport(chosen.transport):
                 # A profile's transport of another engine (the built-in profile's 'mpi'
                 # under torch): this engine's own for these buffers.
-                transport = self._default_transport(backend)
+                transport = self.default_transport(backend)
             if transport is not None:
                 chosen = Plan(chosen.algorithm, chosen.params, transport, chosen.source,
                               chosen.rule, chosen.min_bytes, chosen.max_bytes, chosen.measured)
@@ -466,7 +482,7 @@ class Communicator:
         cls = get_algorithm(chosen.algorithm)
         with self._tuned_with(chosen):
             checked = cls.check_params(chosen.params, self.size)
-        tname = chosen.transport or self._default_transport(backend)
+        tname = chosen.transport or self.default_transport(backend)
         plan = Plan(chosen.algorithm, checked, tname, chosen.source, chosen.rule,
                     chosen.min_bytes, chosen.max_bytes, chosen.measured)
         # ``avg``: an algorithm that fuses it divides what it owns before its all-gather;
@@ -481,10 +497,8 @@ class Communicator:
         except Exception as exc:
             # Setting up may be collective (transports, sub-communicators): a failure
             # here can leave the other ranks waiting, as one inside ``run`` does.
-            if self._raise_failures():
-                raise
-            self._abort(exc, plan, flat)
-        prepared = _Prepared(plan, algo, divide_after, self.size, backend)
+            self.fail(exc, plan, flat)
+        prepared = Prepared(plan, algo, divide_after, self.size, backend)
         self._plans[key] = prepared
         if log.isEnabledFor(logging.INFO) and self.rank == 0:
             log.info("allreduce %d B %s %s -> %s", nbytes, dtype, op, self.explain(nbytes)
@@ -504,7 +518,12 @@ class Communicator:
         lib = raw.get("library") if chosen.source != "explicit" else None
         return tuned_with(lib.get("name") if isinstance(lib, dict) else None)
 
-    def _default_transport(self, backend: Backend) -> str:
+    def evict_plan(self, key: Any) -> None:
+        """Drop the plan cached under ``key`` (its scratch buffers with it), if any: the
+        next call with that key plans again. Local."""
+        self._plans.pop(key, None)
+
+    def default_transport(self, backend: Backend) -> str:
         """The transport for ``backend``'s buffers when neither the call nor (a profile of
         this engine) names one: the backend's own under MPI, the engine's elsewhere."""
         return self.engine.default_transport(self.comm, backend)
@@ -527,14 +546,19 @@ class Communicator:
             self._contexts[(backend.name, tname)] = ctx
         return ctx
 
-    def _raise_failures(self) -> bool:
+    @property
+    def raises_failures(self) -> bool:
         """Whether a failure inside a call goes to the caller (one rank has no peers to
         leave waiting; ``RINGTUNE_ON_ERROR=raise``) rather than ending every rank."""
         return self.size == 1 or on_error_mode() == "raise"
 
-    def _abort(self, exc: BaseException, plan: Plan, flat: Any) -> NoReturn:
-        """This rank failed where its peers may be waiting for it: end every rank with a
-        line naming this one (``collectives.abort``)."""
+    def fail(self, exc: BaseException, plan: Plan, flat: Any) -> NoReturn:
+        """This rank failed running or preparing ``plan`` on ``flat`` where its peers may
+        be waiting for it: raise ``exc`` to the caller where ``raises_failures``, else end
+        every rank with a line naming this one (``collectives.abort``). Use it in the
+        ``except`` of any call that runs a plan outside ``allreduce``."""
+        if self.raises_failures:
+            raise exc
         nbytes = int(flat.size) * int(flat.dtype.itemsize)
         what = plan.algorithm + (f" ({plan.describe_params()})" if plan.params else "")
         first = (str(exc).strip().splitlines() or [""])[0][:300]

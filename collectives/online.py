@@ -649,7 +649,7 @@ class OnlineTuner:
             # As the profile path does: a profile's transports were chosen for its own kind
             # of buffer; other buffers use theirs.
             incumbent = Plan(incumbent.algorithm, incumbent.params,
-                             comm._default_transport(backend), incumbent.source,
+                             comm.default_transport(backend), incumbent.source,
                              incumbent.rule,
                              incumbent.min_bytes, incumbent.max_bytes, incumbent.measured)
         if comm.size == 1 or nbytes in self._earlier:
@@ -675,7 +675,7 @@ class OnlineTuner:
             self._drop_current(key, keep=None)
             inc_key = self._incumbent.pop(key, None)
             if inc_key is not None:
-                comm._plans.pop(inc_key, None)
+                comm.evict_plan(inc_key)
             self.settled[key] = _Settled(config, reason=reason)
             if comm.rank == 0:
                 self._note_settled(key)
@@ -732,16 +732,16 @@ class OnlineTuner:
         self._current[key] = (index, pkey)
         if index == 0:
             self._incumbent[key] = pkey
-        prepared = self.comm._plans.get(pkey)
+        prepared = self.comm.cached_plan(pkey)
         if prepared is None:
-            prepared = self.comm._prepare(pkey, flat, backend, op, config.algorithm,
-                                          config.transport, params)
+            prepared = self.comm.prepare_plan(pkey, flat, backend, op, config.algorithm,
+                                              config.transport, params)
         return prepared
 
     def _drop_current(self, key: Any, keep: Any) -> None:
         prev = self._current.pop(key, None)
         if prev is not None and prev[1] != keep and prev[0] != 0:
-            self.comm._plans.pop(prev[1], None)
+            self.comm.evict_plan(prev[1])
 
     def _explore(self, key: Any, index: int, prepared_or_none: Any, flat: Any, backend: Any,
                  op: str, incumbent: Plan, t0: float) -> None:
@@ -769,9 +769,7 @@ class OnlineTuner:
         except Exception as exc:  # noqa: BLE001 - decided on every rank, below
             if index == 0:
                 # The incumbent is what the job runs anyway: the usual error path.
-                if comm._raise_failures():
-                    raise
-                comm._abort(exc, prepared_or_none.plan, flat)
+                comm.fail(exc, prepared_or_none.plan, flat)
             failure = f"rank {comm.rank}: {type(exc).__name__}: " + (
                 str(exc).strip().splitlines() or [""])[0][:200]
         seconds = time.perf_counter() - start
@@ -781,7 +779,7 @@ class OnlineTuner:
         if failures:
             dropped = self._current.pop(key, None)
             if dropped is not None:
-                comm._plans.pop(dropped[1], None)
+                comm.evict_plan(dropped[1])
             if backup is not None:
                 backend.copy_into(flat, backup)
             fallback = self._install_candidate_zero(key, flat, backend, op, incumbent)
@@ -800,14 +798,14 @@ class OnlineTuner:
         cfg = _config_of(incumbent)
         pkey = plan_key(flat, op, backend, cfg.algorithm, cfg.transport, dict(cfg.params))
         self._incumbent[key] = pkey
-        return self.comm._plans.get(pkey) or self.comm._prepare(
+        return self.comm.cached_plan(pkey) or self.comm.prepare_plan(
             pkey, flat, backend, op, cfg.algorithm, cfg.transport, dict(cfg.params))
 
     def _install(self, key: Any, flat: Any, backend: Any, op: str, config: Config) -> Any:
         """Cache ``config``'s plan under the call's own key (algorithm ``None``): from now
         on this class runs it as a fixed profile's plan runs, no online code per call."""
-        prepared = self.comm._prepare(key, flat, backend, op, config.algorithm,
-                                      config.transport, dict(config.params))
+        prepared = self.comm.prepare_plan(key, flat, backend, op, config.algorithm,
+                                          config.transport, dict(config.params))
         p = prepared.plan
         prepared.plan = Plan(p.algorithm, p.params, p.transport, "online", None,
                              p.min_bytes, p.max_bytes, p.measured)
@@ -878,7 +876,7 @@ class OnlineTuner:
             with contextlib.suppress(Exception):
                 from .registry import get_backend
 
-                implied.add(comm._default_transport(get_backend(key[3])))
+                implied.add(comm.default_transport(get_backend(key[3])))
         rules = merge_rules(base_rules, {nb: _rule_body(st, nb, comm.size, implied)
                                          for nb, st in winners.items() if not st.earlier})
         section = _section(data, comm.size)

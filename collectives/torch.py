@@ -254,20 +254,20 @@ class HookState:
         hit = self._fast.get(index)
         if hit is not None and hit[0].data_ptr() == buf.data_ptr() \
                 and hit[0].numel() == buf.numel() and hit[0].dtype == buf.dtype \
-                and comm._plans.get(hit[3]) is hit[2]:
+                and comm.cached_plan(hit[3]) is hit[2]:
             prepared: Any = hit[2]
             comm.run_prepared(prepared, hit[1])
             return buf
         sig = (index, int(buf.numel()), str(buf.dtype), buf.device.type, last)
         self._reduce(sig, buf, None, comm)
-        if not (comm.check_args or comm._log_calls):
+        if not (comm.check_args or comm.logs_calls):
             from .registry import backend_for
 
             arr = as_buffer(buf)
             backend = backend_for(arr)
             flat = backend.as_flat(arr)
             key = _plan_key(flat, "avg", backend, None, None, {})
-            made = comm._plans.get(key)  # made by the allreduce just run
+            made = comm.cached_plan(key)  # made by the allreduce just run
             if len(self._fast) > 256:  # a model whose buckets keep changing: do not grow
                 self._fast.clear()
             if last:
@@ -299,9 +299,9 @@ class HookState:
 
     # -- modes --------------------------------------------------------------------------
 
-    def _stale_exchange(self, bucket: Any) -> Any:
-        """staleness 1: queue this step's gradients (a copy: DDP reuses the bucket), then
-        put the previous step's averages in the bucket."""
+    def stale_exchange(self, bucket: Any) -> Any:
+        """The hook's path with staleness 1: queue this step's gradients (a copy: DDP reuses
+        the bucket), then put the previous step's averages in the bucket."""
         buf = bucket.buffer()
         copy = buf.detach().clone()
         sig = self._signature(bucket)
@@ -382,7 +382,7 @@ def ddp_hook(state: HookState, bucket: Any) -> Any:
         if state.average_every > 1:
             out = _done_future(bucket.buffer())  # local SGD: each rank keeps its own
         elif state.staleness:
-            out = _done_future(state._stale_exchange(bucket))
+            out = _done_future(state.stale_exchange(bucket))
         else:
             out = state.submit_bucket(bucket)
     except BaseException as exc:  # noqa: BLE001 - delivered through the future

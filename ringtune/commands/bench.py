@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.algo or backend == "numpy":
         from collectives.registry import get_backend
 
-        moved_by = comm._default_transport(get_backend(backend))
+        moved_by = comm.default_transport(get_backend(backend))
     else:
         moved_by = "per profile rule"
     if rank0 and not to_stdout_json:
