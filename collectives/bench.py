@@ -24,6 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from probes.numbers import parse_number
+from probes.numbers import parse_size as _parse_size
+
 from .communicator import Communicator
 
 # busbw lives in ops (online tuning records it without importing the harness); the
@@ -32,29 +35,19 @@ from .ops import busbw as busbw
 from .ops import busbw_factor, is_integer, itemsize
 from .registry import get_backend
 
-_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
-
-def parse_size(text: str | int) -> int:
+def parse_size(text: str | int, what: str = "size") -> int:
     """``"4K"``, ``"64M"``, ``"1G"`` or ``"1048576"`` → bytes (K/M/G are powers of 1024, as
-    nccl-tests). ``ValueError`` naming the text otherwise."""
-    if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"size must not be negative, got {text}")
-        return text
-    s = str(text).strip().upper().removesuffix("IB").removesuffix("B") or "0"
-    num, suf = (s[:-1], s[-1]) if s[-1] in _SUFFIX else (s, "")
-    try:
-        value = float(num)
-    except ValueError:
-        raise ValueError(f"invalid size {text!r}: use bytes or a K/M/G suffix, e.g. 64M") from None
-    if value < 0 or value != value:
-        raise ValueError(f"invalid size {text!r}: must be a non-negative number")
-    return int(value * _SUFFIX[suf])
+    nccl-tests). ``ValueError`` naming ``what`` and the text otherwise: a negative, ``inf``,
+    ``nan``, ``1e400`` or a size above ``probes.numbers.MAX_SIZE`` included (the one
+    number parser, ``probes.numbers``)."""
+    return _parse_size(text, what)
 
 
 def size_list(begin: int, end: int, factor: float) -> list[int]:
     """Sizes from ``begin`` to ``end`` bytes, multiplying by ``factor`` (nccl-tests ``-f``)."""
+    # A factor of inf or nan would make the loop below never end or overflow: refuse it.
+    factor = parse_number(factor, "-f (factor)", kind=float, hi=1 << 20)
     if factor <= 1:
         raise ValueError(f"-f (factor) must be greater than 1, got {factor}")
     if end < begin:
