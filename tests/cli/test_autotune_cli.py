@@ -22,6 +22,7 @@ import yaml
 
 from collectives.profile import load_profile
 
+from ..child_signals import SIGNALLED_CHILD
 from ..mpi_support import find_processes, tuning_trials
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -49,7 +50,7 @@ def _tune(out: str, *extra: str, sleep: str = "0.3,0.4,0.5,0.6",
 def _start(out: str, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen([*RINGTUNE, "tune", "--out", out, "-np", "2", *extra],
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, **SIGNALLED_CHILD)
 
 
 def _trials(db: str) -> list[tuple[Any, ...]]:

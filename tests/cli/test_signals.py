@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from ..child_signals import SIGNALLED_CHILD
 from ..mpi_support import find_processes, tuning_trials
 
 RINGTUNE = [sys.executable, "-m", "ringtune.cli"]
@@ -89,7 +90,8 @@ def _left_behind(mark: str, within: float = 3.0) -> list[str]:
 def _start(args: list[str], mark: str, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as fh:
         return subprocess.Popen([*RINGTUNE, *args], env=_env(mark), stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                **SIGNALLED_CHILD)
 
 
 def _ended(proc: subprocess.Popen[bytes], mark: str, timeout: float = 30) -> int:
@@ -232,7 +234,7 @@ def test_an_ignored_sighup_stays_ignored(tmp_path: Path) -> None:
         proc = subprocess.Popen(["nohup", *RINGTUNE, *BENCH_ARGS[:6], "seconds=3",
                                  *BENCH_ARGS[7:]], env=_env(mark), stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                cwd=tmp_path)
+                                cwd=tmp_path, **SIGNALLED_CHILD)
     _wait_for(lambda: "# ringtune bench:" in log.read_text(errors="replace"), proc,
               "no bench header")
     os.kill(proc.pid, signal.SIGHUP)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from ..child_signals import SIGNALLED_CHILD
+
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = ROOT / "profiles" / "clusters"
 WORKER = Path(__file__).resolve().parent / "worker.py"
@@ -76,7 +78,7 @@ def emulate(cluster_name: str, command: Sequence[str], *options: str, timeout: f
     """``ringtune emulate`` of ``command``; killed (its whole session) after ``timeout``."""
     proc = subprocess.Popen(emulate_cmd(cluster_name, command, *options), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=env)
+                            start_new_session=True, env=env, **SIGNALLED_CHILD)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

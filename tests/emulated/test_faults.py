@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ..child_signals import SIGNALLED_CHILD
 from .conftest import ROOT, emulate_cmd
 
 ALLREDUCE = ["python", "-m", "mpi4py", "tests/emulated/worker.py", "allreduce", str(1 << 20),
@@ -29,7 +30,8 @@ class Job:
         with open(self.out, "w") as o, open(self.err, "w") as e:
             self.proc = subprocess.Popen(emulate_cmd(shape, command), cwd=ROOT, stdout=o,
                                          stderr=e, start_new_session=True,
-                                         env=dict(os.environ, **(env or {})))
+                                         env=dict(os.environ, **(env or {})),
+                                         **SIGNALLED_CHILD)
 
     def wait_for(self, text: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ..child_signals import SIGNALLED_CHILD
 from .conftest import RINGTUNE, ROOT, cluster, emulate, emulate_cmd, netns_list, worker
 
 
@@ -27,7 +28,7 @@ def _start_sleepers(tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
     """An emulation whose 4 ranks record their pids and sleep; returns it and the pids."""
     proc = subprocess.Popen(emulate_cmd("2x2", worker("pids", str(tmp_path))), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, **SIGNALLED_CHILD)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list(tmp_path.glob("pid.*"))) < 4:
         assert proc.poll() is None, proc.communicate()
@@ -46,7 +47,7 @@ def test_second_run_waits_with_wait_then_runs(tmp_path: Path) -> None:
     second = subprocess.Popen([*RINGTUNE, "emulate", "--wait", "120", "--cluster",
                                cluster("3x1"), "--", "true"], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
+                              start_new_session=True, **SIGNALLED_CHILD)
     try:
         time.sleep(2)
         assert second.poll() is None, second.communicate()
@@ -143,7 +144,7 @@ def test_signal_during_setup_leaves_nothing(sig: int) -> None:
         proc = subprocess.Popen(
             [*RINGTUNE, "emulate", "--cluster", cluster("2r2x1"), "--", "sleep", "100"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, start_new_session=True)
+            text=True, start_new_session=True, **SIGNALLED_CHILD)
         mine = f"rtemu-{proc.pid}-"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None and not any(

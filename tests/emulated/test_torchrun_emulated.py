@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ..child_signals import SIGNALLED_CHILD
 from .conftest import RINGTUNE, ROOT, cluster, emulate, emulate_cmd, last_json
 
 pytest.importorskip("torch")
@@ -155,7 +156,7 @@ def test_sigterm_tears_the_agents_and_namespaces_down(tmp_path: Path) -> None:
              "&& exec sleep 120"
     proc = subprocess.Popen(emulate_cmd("2x2", ["sh", "-c", script], *TORCHRUN), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, **SIGNALLED_CHILD)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(list(tmp_path.glob("pid.*"))) < 4:
