@@ -87,9 +87,27 @@ def _hierarchical(n: int, light: bool) -> list[dict[str, Any]]:
 
 #: Parameter families per algorithm (beyond its defaults) on a communicator of n ranks;
 #: ``light``: the subset of the in-process sweep over every world size up to 16.
+def _shm(n: int, light: bool) -> list[dict[str, Any]]:
+    """Chunks of 64 and 128 bytes: every size of the contract takes several steps, so both
+    sets of slots alternate and a step's slices are uneven."""
+    return [{"chunk_bytes": 64}] if light else [{"chunk_bytes": 64}, {"chunk_bytes": 128}]
+
+
+def _shm_grids(n: int, light: bool) -> list[dict[str, Any]]:
+    """``hierarchical`` with ``shm`` along every dimension (all ranks share a host here),
+    and mixed with multiring."""
+    out: list[dict[str, Any]] = []
+    for i, grid in enumerate(grids(n)[: 2 if light else None]):
+        out.append({"dims": grid, "inner": "shm"})
+        out.append({"dims": grid, "rings": 1, "chunk_bytes": 16,
+                    "inner": [("shm", "multiring")[(i + j) % 2] for j in range(len(grid))]})
+    return out
+
+
 FAMILIES: dict[str, Callable[[int, bool], list[dict[str, Any]]]] = {
     "multiring": _multiring,
-    "hierarchical": _hierarchical,
+    "hierarchical": lambda n, light: _hierarchical(n, light) + _shm_grids(n, light),
+    "shm": _shm,
     "native": lambda n, light: [{"impl": "auto"}],
 }
 

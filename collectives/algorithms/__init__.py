@@ -14,7 +14,7 @@ from __future__ import annotations
 
 # The built-in algorithms, imported explicitly: each module registers its class (a
 # site's own come through RINGTUNE_PLUGINS, read when the registry is first used).
-from . import hierarchical, multiring, native, rhd  # noqa: F401
+from . import hierarchical, multiring, native, rhd, shm  # noqa: F401
 from .base import Algorithm, Context
 from .registry import (
     PLUGINS_ENV,

@@ -59,14 +59,17 @@ class Context:
         return self.transport.size
 
     def close(self) -> None:
-        """Free the sub-contexts cached here (their transports and sub-communicators).
-        Collective, like the ``Split`` that made them."""
+        """Free the sub-contexts cached here (their transports and sub-communicators) and
+        close what else has a ``close`` (shared-memory segments). Collective, like the
+        ``Split`` that made them."""
         for value in self.cache.values():
             for sub in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(sub, Context):
                     sub.close()
                     sub.transport.close()
                     sub.comm.Free()
+                elif callable(getattr(sub, "close", None)):
+                    sub.close()  # a shared-memory segment (collectives.shm): unmap it
         self.cache.clear()
 
 

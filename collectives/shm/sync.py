@@ -1,0 +1,208 @@
+"""Synchronisation inside a shared segment: one sequence counter per rank, fences, and
+bounded waits that name the rank they wait for.
+
+Use ``Flags`` where ranks of one host hand each other data through shared memory: a rank
+writes its data, then ``publish(value)``; a peer ``wait_all(value)`` (or ``wait(rank,
+value)``) before reading it. No library barrier is involved — a barrier through MPI or gloo
+costs what the shared-memory path exists to save.
+
+Why counters, not flags: every rank's counter only grows (it counts the steps the rank has
+finished since the segment was made), so one word per rank serves every step of every call,
+nothing is ever reset, and a wait is a comparison.
+
+Memory ordering: NumPy's stores are plain stores. On x86 (TSO) stores become visible in
+program order and loads are not reordered with older loads, so "data, then counter" and
+"counter, then data" need no instruction — only that the compiler keeps the order, which an
+opaque call into NumPy's C code guarantees. Elsewhere (Arm, POWER) ``fence()`` is a full
+barrier taken from POSIX's memory-synchronisation guarantee for mutexes (a lock/unlock pair
+twice: release then acquire, in that order, is a full fence under the C11 model that glibc
+implements), since Python has no fence of its own.
+
+Every wait is bounded: by ``RINGTUNE_STALL_TIMEOUT`` when set, else ``DEFAULT_TIMEOUT_S``
+(torch's own default for gloo); a waited-for rank whose process is gone is reported within
+``LIVENESS_S``, without waiting for the timeout. Waits spin briefly, then yield the core,
+then sleep in growing steps: a rank that spins costs a core that its peer, on a machine with
+fewer cores than ranks, needs to make the progress it waits for.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..stall import ENV as STALL_ENV
+from ..stall import StallError, stall_timeout
+
+#: Seconds a wait lasts when ``RINGTUNE_STALL_TIMEOUT`` is unset (torch's gloo default).
+DEFAULT_TIMEOUT_S = 1800.0
+#: Seconds between checks that the waited-for ranks' processes are still alive.
+LIVENESS_S = 0.2
+#: Checks made back to back before a wait starts yielding its core.
+SPIN_CHECKS = 64
+#: Seconds of ``sched_yield`` before a wait starts sleeping.
+YIELD_S = 0.002
+#: Longest sleep between two checks (a late wake costs at most this much).
+MAX_SLEEP_S = 0.0005
+#: int64 words between two ranks' counters: one 64-byte cache line each, so a rank's
+#: stores never invalidate the line its peers poll for another rank.
+STRIDE = 8
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+class PeerGone(StallError):
+    """A rank waited for a peer whose process has ended (killed, crashed)."""
+
+
+def _make_fence() -> object:
+    """The full memory barrier of this platform as a callable (see the module docstring)."""
+    if _X86:
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    mutex = ctypes.create_string_buffer(64)  # >= sizeof(pthread_mutex_t) on Linux
+    if libc.pthread_mutex_init(mutex, None) != 0:  # pragma: no cover - never fails
+        raise OSError("pthread_mutex_init failed")
+    lock, unlock = libc.pthread_mutex_lock, libc.pthread_mutex_unlock
+
+    def fence() -> None:
+        lock(mutex)
+        unlock(mutex)  # release: orders every earlier access before it
+        lock(mutex)  # acquire, after a release: no later access moves above it
+        unlock(mutex)
+
+    return fence
+
+
+_FENCE = _make_fence()
+
+
+def fence() -> None:
+    """A full memory barrier between the shared-memory accesses before and after it (free
+    on x86, whose ordering already gives what the counters need)."""
+    if _FENCE is not None:
+        _FENCE()  # type: ignore[operator]
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie, killed but not yet
+    reaped by its launcher, counts as ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, another user's: not ours to judge
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc: the signal check above is all there is
+    return state not in (b"Z", b"X")
+
+
+class Flags:
+    """The per-rank counters of one segment, seen by rank ``rank`` of ``size``.
+
+    ``words`` is the segment's int64 header area: ``size * STRIDE`` words of counters,
+    then ``size`` words of process ids (each rank writes its own at attach). ``names`` are
+    the ranks as messages should name them (world ranks)."""
+
+    def __init__(self, words: np.ndarray, rank: int, size: int,
+                 names: Sequence[int] | None = None) -> None:
+        if words.dtype != np.int64 or words.size < size * (STRIDE + 1):
+            raise ValueError(f"counter area of {words.size} int64 words is too small for "
+                             f"{size} ranks")
+        self.rank, self.size = rank, size
+        self.counters = words[: size * STRIDE : STRIDE]
+        self.pids = words[size * STRIDE : size * STRIDE + size]
+        self.names = tuple(names) if names is not None else tuple(range(size))
+        self.mine = int(self.counters[rank])
+        timeout = stall_timeout()
+        self.timeout = timeout if timeout is not None else DEFAULT_TIMEOUT_S
+        self.timeout_source = f"{STALL_ENV}={timeout:g}" if timeout is not None else (
+            f"the default {DEFAULT_TIMEOUT_S:g} s; {STALL_ENV} sets another")
+
+    def register_pid(self) -> None:
+        """Record this process's id, so that peers can tell when it is gone."""
+        self.pids[self.rank] = os.getpid()
+
+    def publish(self, value: int) -> None:
+        """Make every store this rank made before visible, then set its counter to
+        ``value`` (a release store)."""
+        fence()
+        self.counters[self.rank] = value
+        self.mine = value
+
+    def wait_all(self, value: int) -> None:
+        """Return once every rank's counter is at least ``value`` (an acquire: what they
+        wrote before publishing it is visible after)."""
+        if bool((self.counters >= value).all()):
+            fence()
+            return
+        self._wait(None, value)
+
+    def wait(self, rank: int, value: int) -> None:
+        """Return once rank ``rank``'s counter is at least ``value``."""
+        if int(self.counters[rank]) >= value:
+            fence()
+            return
+        self._wait(rank, value)
+
+    def _behind(self, rank: int | None, value: int) -> list[int]:
+        if rank is not None:
+            return [rank] if int(self.counters[rank]) < value else []
+        return [int(r) for r in np.flatnonzero(self.counters < value)]
+
+    def _wait(self, rank: int | None, value: int) -> None:
+        counters = self.counters
+        for _ in range(SPIN_CHECKS):
+            if (int(counters[rank]) >= value if rank is not None
+                    else bool((counters >= value).all())):
+                fence()
+                return
+        start = time.monotonic()
+        deadline = start + self.timeout
+        next_alive = start + LIVENESS_S
+        sleep = 0.00002
+        while True:
+            behind = self._behind(rank, value)
+            if not behind:
+                fence()
+                return
+            now = time.monotonic()
+            if now - start < YIELD_S:
+                os.sched_yield()
+                continue
+            if now >= next_alive:
+                next_alive = now + LIVENESS_S
+                gone = [r for r in behind if self.pids[r] and not process_alive(
+                    int(self.pids[r]))]
+                if gone:
+                    self._fail(gone, value, now - start, PeerGone)
+            if now >= deadline:
+                self._fail(behind, value, now - start, StallError)
+            time.sleep(sleep)
+            sleep = min(sleep * 2, MAX_SLEEP_S)
+
+    def _fail(self, ranks: list[int], value: int, waited: float,
+              kind: type[StallError]) -> None:
+        who = ", ".join(f"rank {self.names[r]} (pid {int(self.pids[r])})" for r in ranks)
+        me = f"rank {self.names[self.rank]} ({socket.gethostname()})"
+        if kind is PeerGone:
+            msg = (f"{me}: {who} ended while this rank waited {waited:.1f} s for it at "
+                   f"shared-memory step {value}: it was killed or crashed; see its own "
+                   "output for why")
+        else:
+            msg = (f"{me}: no progress for {waited:.0f} s waiting on {who} at shared-memory "
+                   f"step {value} (bound: {self.timeout_source}): that rank is stuck or "
+                   "never entered this allreduce")
+        print(f"ringtune: stall: {msg}", file=sys.stderr, flush=True)
+        raise kind(msg)
