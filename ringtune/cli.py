@@ -55,8 +55,91 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(verb, help=mod.HELP, description=mod.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
+        bound_numbers(p)
         p.set_defaults(_run=mod.run)
     return parser
+
+
+#: A numeric flag's bounds where the generic ones are not right: ``dest`` -> (lowest,
+#: highest); ``None``: left to the command, which checks it with its own message (``-n must
+#: be >= 1``, ``-f must be greater than 1``). A value is always finite.
+FLAG_BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    "trials": (1, 1_000_000),
+    "seed": (0, 2**32 - 1),
+    "iters": (None, 10_000_000),
+    "warmup_iters": (None, 10_000_000),
+    "repetitions": (1, 100_000),
+    "stepfactor": (None, 1024.0),
+    "margin": (0.0, 1.0),
+}
+#: The bounds of any other integer flag (a count: never beyond 32 bits) and float flag
+#: (seconds or a factor: 1e9 s is 31 years).
+INT_BOUNDS: tuple[float, float] = (-(2**31), 2**31 - 1)
+FLOAT_BOUNDS: tuple[float, float] = (0.0, 1e9)
+
+
+class NumberFlag:
+    """The ``type=`` of every numeric flag (``bound_numbers`` puts it in place of
+    ``int``/``float``): ``probes.numbers.parse_number`` with the flag's bounds, so ``inf``,
+    ``nan``, ``1e400`` and a huge or out-of-range value are one usage line naming the flag
+    and the value (exit 2). ``__name__`` is the type's, so text that is no number keeps
+    argparse's line (``--trials: invalid int value: 'many'``)."""
+
+    def __init__(self, kind: type, lo: float | None, hi: float | None, flag: str) -> None:
+        self.kind, self.lo, self.hi, self.flag = kind, lo, hi, flag
+        self.__name__ = kind.__name__
+
+    def __call__(self, text: str) -> int | float:
+        from probes.numbers import NumberError, parse_number
+
+        try:
+            self.kind(text)  # not a number at all: argparse's own "invalid int value"
+        except ValueError:
+            raise
+        except OverflowError:
+            pass
+        try:
+            return parse_number(text, self.flag, kind=self.kind, lo=self.lo, hi=self.hi)
+        except NumberError as exc:
+            raise argparse.ArgumentTypeError(str(exc).replace(f"{self.flag}=", "", 1)
+                                             ) from None
+
+
+class SizeFlag:
+    """The ``type=`` of every byte-size flag (a ``dest`` ending in ``bytes``):
+    ``probes.numbers.parse_size``, so ``-b inf``, ``-e 1e400`` and ``infK`` are one usage
+    line naming the flag."""
+
+    __name__ = "size"
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def __call__(self, text: str | int) -> int:
+        from probes.numbers import NumberError, parse_size
+
+        try:
+            return parse_size(text, self.flag)
+        except NumberError as exc:
+            raise argparse.ArgumentTypeError(str(exc).replace(f"{self.flag}=", "", 1)
+                                             ) from None
+
+
+def bound_numbers(parser: argparse.ArgumentParser) -> None:
+    """Give every numeric flag of ``parser`` its bounded type: ``type=int``/``float``
+    becomes a ``NumberFlag`` (bounds from ``FLAG_BOUNDS``, else the generic ones), a
+    size flag (``dest`` ending in ``bytes``, read as text) a ``SizeFlag``. Done here, once
+    for every verb, so a flag added tomorrow is bounded (and fuzzed: tests/unit/
+    test_hostile_inputs.py) the day it is added."""
+    for action in parser._actions:
+        flag = "/".join(action.option_strings) or action.dest
+        if action.type in (int, float):
+            kind = action.type
+            generic = INT_BOUNDS if kind is int else FLOAT_BOUNDS
+            lo, hi = FLAG_BOUNDS.get(action.dest, generic)
+            action.type = NumberFlag(kind, lo, hi, flag)
+        elif action.type is None and action.option_strings and action.dest.endswith("bytes"):
+            action.type = SizeFlag(flag)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,6 +157,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             load_plugins()  # a plug-in that does not import: one line, exit 2, up front
         args = build_parser().parse_args(args_list)
         args._argv = args_list  # the verb and its flags, for relaunching under mpiexec
+        from probes.environment import check_environment
+
+        # Every RINGTUNE_* variable, before anything is launched or searched: a typo is one
+        # line now, not a tune thrown away at its end (probes/environment.py).
+        check_environment()
         code = args._run(args)
         return int(code or 0)
     except KeyboardInterrupt:

@@ -172,7 +172,9 @@ def check_ranks(np: int | None, oversubscribe: bool = False, what: str = "") -> 
     """``UsageError`` for a ``-np`` that cannot be meant: below 1, or more than
     ``OVERSUBSCRIBE_FACTOR`` ranks per usable core without ``--oversubscribe``. Under an
     outside mpiexec ``-np`` launches nothing, so one that differs from the world size the
-    launcher started is refused too rather than silently ignored. ``what`` names where the
+    launcher started is refused too rather than silently ignored. Above ``rank_bound()``
+    (the machine's cores, PID limits and memory, or ``RINGTUNE_MAX_RANKS``) it is refused
+    with or without ``--oversubscribe``. ``what`` names where the
     count came from in the message (default ``-np N``)."""
     if np is None:
         return
@@ -195,6 +197,96 @@ def check_ranks(np: int | None, oversubscribe: bool = False, what: str = "") -> 
                          f"({cores} usable core{'s' if cores != 1 else ''}, at most {limit} "
                          "ranks): so many ranks on one machine only thrash and take long to "
                          f"stop; {fix}")
+    # --oversubscribe lifts the cap above, never this one: -np 100000 --oversubscribe once
+    # started ranks until the machine stopped answering (issue 35).
+    bound, why = rank_bound()
+    if np > bound:
+        past = (f"set {MAX_RANKS_ENV}={np} to launch them anyway" if why != MAX_RANKS_ENV
+                else f"raise {MAX_RANKS_ENV}")
+        raise UsageError(f"{what}: more ranks than this machine can start safely, at most "
+                         f"{bound} ({why}), --oversubscribe or not; lower -np, run under your "
+                         f"own mpiexec across hosts, or {past}")
+
+
+#: Self-launched ranks per usable core that nothing lifts but ``RINGTUNE_MAX_RANKS``.
+HARD_RANKS_PER_CORE = 16
+#: Available memory counted for each self-launched rank (a Python interpreter with NumPy
+#: and mpi4py, and its buffers).
+MEM_PER_RANK = 200 << 20
+#: Tasks (PIDs) counted for each rank (the rank, its BLAS and MPI threads, its share of
+#: the launcher's proxies); only half the machine's PID headroom is given to ranks.
+TASKS_PER_RANK = 4
+#: The explicit way past ``rank_bound`` (probes/environment.py declares it).
+MAX_RANKS_ENV = "RINGTUNE_MAX_RANKS"
+
+
+def _read_first_int(path: str, key: str = "") -> int | None:
+    """The first integer of ``path`` (or of its line starting with ``key``); ``None``
+    when it cannot be read (not Linux, a container hiding it)."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith(key):
+                    for word in line[len(key):].replace("/", " ").split():
+                        if word.isdigit():
+                            return int(word)
+    except OSError:
+        return None
+    return None
+
+
+def machine_rank_bound(cores: int, mem_available: int | None, pid_max: int | None,
+                       tasks: int | None, nproc: int | None) -> tuple[int, str]:
+    """The most ranks a self-launch may start on this machine and what sets it: the least
+    of ``HARD_RANKS_PER_CORE`` per core, half the PID headroom (``pid_max`` or
+    ``RLIMIT_NPROC``, less the ``tasks`` running) over ``TASKS_PER_RANK``, and
+    ``mem_available`` bytes over ``MEM_PER_RANK``; an unknown figure (``None``) bounds
+    nothing. At least 1."""
+    parts = [(cores * HARD_RANKS_PER_CORE,
+              f"{HARD_RANKS_PER_CORE} per core, {cores} usable core{'s' if cores != 1 else ''}")]
+    limits = [(pid_max, "/proc/sys/kernel/pid_max"), (nproc, "RLIMIT_NPROC")]
+    for limit, name in limits:
+        if limit is not None and tasks is not None:
+            room = max(0, limit - tasks) // 2 // TASKS_PER_RANK
+            parts.append((room, f"half the headroom of {name} {limit} with {tasks} tasks "
+                                f"running, {TASKS_PER_RANK} per rank"))
+    if mem_available is not None:
+        parts.append((mem_available // MEM_PER_RANK,
+                      f"{mem_available >> 20} MiB available, {MEM_PER_RANK >> 20} MiB per "
+                      "rank"))
+    bound, why = min(parts, key=lambda p: p[0])
+    return max(1, bound), why
+
+
+def rank_bound() -> tuple[int, str]:
+    """``machine_rank_bound`` of this machine, or ``RINGTUNE_MAX_RANKS`` when set (its
+    reason is then the variable's name)."""
+    from probes.environment import TABLE, check_value
+
+    given = check_value(TABLE[MAX_RANKS_ENV], os.environ.get(MAX_RANKS_ENV, ""))
+    if given is not None:
+        return int(given), MAX_RANKS_ENV
+    mem = _read_first_int("/proc/meminfo", "MemAvailable:")
+    # /proc/loadavg's fourth field is running/total scheduling entities (threads included,
+    # which take PIDs too).
+    tasks = None
+    try:
+        with open("/proc/loadavg", encoding="ascii") as fh:
+            tasks = int(fh.read().split()[3].split("/")[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    nproc: int | None = None
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        # Root is not held to RLIMIT_NPROC.
+        if soft != resource.RLIM_INFINITY and os.geteuid() != 0:
+            nproc = int(soft)
+    except (ImportError, OSError, ValueError):
+        pass
+    return machine_rank_bound(usable_cores(), None if mem is None else mem << 10,
+                              _read_first_int("/proc/sys/kernel/pid_max"), tasks, nproc)
 
 
 #: Signals forwarded to the launched job; the exit code is then 128 + the signal number.
