@@ -33,13 +33,15 @@ ALGORITHM_PARAM = "algorithm"
 TRANSPORT_PARAM = "transport"
 
 
-def searchable(names: Sequence[str] | None = None) -> list[str]:
+def searchable(names: Sequence[str] | None = None, gpu: bool = False) -> list[str]:
     """The algorithms to search: ``names`` (checked against the registry) or every
     registered algorithm except test-only ones (``Algorithm.test_only``: searched only when
-    named). ``ValueError`` naming an unknown one."""
+    named) and, for GPU buffers (``gpu``), those whose data path is host memory
+    (``Algorithm.intra_host_only``). ``ValueError`` naming an unknown one."""
     known = algorithm_names()
     if not names:
-        return [n for n in known if not get_algorithm(n).test_only]
+        return [n for n in known if not get_algorithm(n).test_only
+                and not (gpu and get_algorithm(n).intra_host_only)]
     out = []
     for n in names:
         if n not in known:

@@ -66,6 +66,9 @@ def _tune(comm: Any, opts: TuneOptions, out: TextIO, write: bool) -> TuneResult:
         raise TuneError(str(exc), usage=True) from None
     opts.storage = opts.storage or default_storage(opts.out)
     opts.backend, opts.transports = resolve_backend(comm, opts.backend)
+    if opts.backend == GPU_BACKEND and not opts.algorithms:
+        # Host-memory algorithms (shm) cannot move GPU buffers: not worth a trial there.
+        algorithms = space.searchable(None, gpu=True)
     identity = world_identity(comm)
     runtime = Communicator(comm, profile=builtin_profile(n))
     progress = Progress(opts.progress and rank == 0, len(opts.buckets))

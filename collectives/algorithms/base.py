@@ -111,6 +111,10 @@ class Algorithm(ABC):
     #: that owns it after the reduce-scatter, before the all-gather copies it: the bits of
     #: the communicator's division of the whole result, with 1/n of the work).
     fuses_average: ClassVar[bool] = False
+    #: Whether its data path is host memory shared by ranks of one host (``shm``): the
+    #: tuner leaves it out of searches over GPU buffers, and ``hierarchical`` offers it
+    #: only along the dimension of ranks that share a host.
+    intra_host_only: ClassVar[bool] = False
 
     def __init__(
         self, ctx: Context, count: int, dtype: str, op: str, params: Mapping[str, Any]

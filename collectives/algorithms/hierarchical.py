@@ -329,13 +329,22 @@ class Hierarchical(Algorithm):
 
     @classmethod
     def search_space(cls, trial: Any, world_size: int, nbytes: int) -> dict[str, Any]:
+        return cls.search_space_on(trial, world_size, nbytes, 1)
+
+    @classmethod
+    def search_space_on(cls, trial: Any, world_size: int, nbytes: int,
+                        hosts: int) -> dict[str, Any]:
         grids = ["x".join(map(str, g)) for g in factorisations(world_size)]
         dims = [int(d) for d in trial.suggest_categorical("hierarchical.dims", grids).split("x")]
         rings = trial.suggest_int("hierarchical.rings", 1, 4)
         seg = max(1, nbytes // max(1, world_size * rings))
         chunk = trial.suggest_categorical("hierarchical.chunk_bytes", chunk_choices(seg))
-        choices = grid_algorithm_names()
-        inner = [trial.suggest_categorical(f"hierarchical.inner{j}", choices)
+        every = grid_algorithm_names()
+        # Across hosts only dimension 0 can be the ranks of one host: an inner that needs
+        # one host (shm) is offered there alone.
+        outer = [k for k in every if not get_algorithm(k).intra_host_only]
+        inner = [trial.suggest_categorical(f"hierarchical.inner{j}",
+                                           every if j == 0 or hosts <= 1 else outer)
                  for j in range(len(dims))]
         out: dict[str, Any] = {"dims": dims, "rings": rings, "chunk_bytes": chunk,
                                "inner": inner}

@@ -267,6 +267,7 @@ class Shm(Algorithm):
     model_order = 5
     grid_dimension = 3
     fuses_average = True
+    intra_host_only = True
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any], world_size: int) -> dict[str, Any]:
@@ -288,6 +289,22 @@ class Shm(Algorithm):
         choices = [c for c in SEARCH_CHUNKS if c < 2 * per_rank * world_size] or [
             SEARCH_CHUNKS[0]]
         return {"chunk_bytes": trial.suggest_categorical("shm.chunk_bytes", choices)}
+
+    @classmethod
+    def cost(cls, model: Any, params: Mapping[str, Any], sizes: Any) -> Any:
+        """One host: the grid cost over every rank. Several: what ``run`` does there —
+        the two-tier grid (shm inside hosts, multiring between), or multiring where the
+        hosts hold different numbers of ranks."""
+        from .hierarchical import auto_dims
+
+        dims = auto_dims(tuple(int(h) for h in model.hosts), model.n)
+        if len(dims) == 1 and len(set(int(h) for h in model.hosts)) == 1:
+            return cls.grid_cost(model, 1, model.n, sizes, params)
+        if len(dims) == 2:
+            grid = {"dims": dims, "inner": ["shm", "multiring"], "rings": 1,
+                    "chunk_bytes": 0}
+            return get_algorithm("hierarchical").cost(model, grid, sizes)
+        return get_algorithm("multiring").cost(model, {}, sizes)
 
     @classmethod
     def grid_cost(cls, model: Any, stride: int, d: int, region: Any,

@@ -112,7 +112,7 @@ def test_best_picks_the_minimum_of_every_candidate() -> None:
     m = Model(c)
     sizes = [1 << 10, 1 << 24]
     best = m.best(sizes)
-    assert set(best) == {"native", "multiring", "rhd", "hierarchical"}
+    assert set(best) == {"native", "multiring", "rhd", "hierarchical", "shm"}
     for name, preds in best.items():
         for i, p in enumerate(preds):
             again = m.time(name, p.params, [sizes[i]])[0] * 1e6
@@ -139,7 +139,7 @@ def test_best_guesses_follow_a_calibration() -> None:
     # Very slow messages, very fast links: latency dominates, few steps win (not a ring).
     slow = one_level(8, bw=1000.0, lat=500.0, over=0.0, mem=1e4)
     first = best_guesses(8, 1 << 10, slow)[0][0]
-    assert first in ("native", "rhd", "hierarchical")
+    assert first in ("native", "rhd", "hierarchical", "shm")
     assert first != "multiring"
     # The calibration's world differs: its innermost level is stretched to the world.
     assert best_guesses(4, 1 << 10, slow)

@@ -32,7 +32,7 @@ from collectives.profile import profile_from_dict
 from ..toy_algorithm import Toy
 from .test_profile import base
 
-BUILTIN = ["hierarchical", "multiring", "native", "rhd"]
+BUILTIN = ["hierarchical", "multiring", "native", "rhd", "shm"]
 
 
 @pytest.fixture
