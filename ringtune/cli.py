@@ -68,7 +68,7 @@ FLAG_BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "seed": (0, 2**32 - 1),
     "iters": (None, 10_000_000),
     "warmup_iters": (None, 10_000_000),
-    "repetitions": (1, 100_000),
+    "repetitions": (None, 100_000),
     "stepfactor": (None, 1024.0),
     "margin": (0.0, 1.0),
 }
@@ -128,7 +128,7 @@ class SizeFlag:
 def bound_numbers(parser: argparse.ArgumentParser) -> None:
     """Give every numeric flag of ``parser`` its bounded type: ``type=int``/``float``
     becomes a ``NumberFlag`` (bounds from ``FLAG_BOUNDS``, else the generic ones), a
-    size flag (``dest`` ending in ``bytes``, read as text) a ``SizeFlag``. Done here, once
+    size flag (``dest`` ending in ``bytes``) a ``SizeFlag``. Done here, once
     for every verb, so a flag added tomorrow is bounded (and fuzzed: tests/unit/
     test_hostile_inputs.py) the day it is added."""
     for action in parser._actions:
@@ -138,7 +138,8 @@ def bound_numbers(parser: argparse.ArgumentParser) -> None:
             generic = INT_BOUNDS if kind is int else FLOAT_BOUNDS
             lo, hi = FLAG_BOUNDS.get(action.dest, generic)
             action.type = NumberFlag(kind, lo, hi, flag)
-        elif action.type is None and action.option_strings and action.dest.endswith("bytes"):
+        elif action.option_strings and action.dest.endswith("bytes"):
+            # Also in place of a command's own size parser: one reading of sizes, bounded.
             action.type = SizeFlag(flag)
 
 
@@ -151,17 +152,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             from collectives.logs import log_level
 
             log_level()  # an unknown level: one line and exit 2, before anything runs
+        from probes.environment import check_environment
+
+        # Every RINGTUNE_* variable, before anything is launched or searched: a typo is one
+        # line now, not a tune thrown away at its end (probes/environment.py).
+        check_environment()
         if os.environ.get("RINGTUNE_PLUGINS"):
             from collectives.plugins import load as load_plugins
 
             load_plugins()  # a plug-in that does not import: one line, exit 2, up front
         args = build_parser().parse_args(args_list)
         args._argv = args_list  # the verb and its flags, for relaunching under mpiexec
-        from probes.environment import check_environment
-
-        # Every RINGTUNE_* variable, before anything is launched or searched: a typo is one
-        # line now, not a tune thrown away at its end (probes/environment.py).
-        check_environment()
         code = args._run(args)
         return int(code or 0)
     except KeyboardInterrupt:
