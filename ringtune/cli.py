@@ -9,6 +9,7 @@ input — one line on stderr, printed once (by rank 0 under mpiexec).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -38,6 +39,57 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # No "ringtune:" here: report_error prints the one "ringtune: error:" prefix.
         raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """argparse's, except for a flag the verb does not have: argparse lets the
+        top-level parser refuse it (``unrecognized arguments … (see `ringtune --help`)``),
+        which names neither the verb nor the flag meant; here the verb's parser answers,
+        with the closest flag it has (``unknown_flag``)."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            raise UsageError(unknown_flag(_verb_parser(self, ns) or self, extras))
+        return ns
+
+
+def _verb_parser(parser: argparse.ArgumentParser,
+                 ns: argparse.Namespace) -> argparse.ArgumentParser | None:
+    """The sub-command parser that parsed ``ns`` (``None`` when there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found = action.choices.get(getattr(ns, action.dest, None) or "")
+            return found if isinstance(found, argparse.ArgumentParser) else None
+    return None
+
+
+def unknown_flag(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """One line for arguments ``parser`` (a verb's) does not take: the first unknown flag,
+    the verb's closest flag to it (``difflib``: a typo, ``--budjet``, or another verb's
+    spelling, ``--algorithm``), and where the verb's usage is."""
+    known = [s for action in parser._actions for s in action.option_strings]
+    flags = [x for x in extras if x.startswith("-") and not _is_number(x)]
+    usage = f"(usage: `{parser.prog} --help`)"
+    if not flags:
+        return f"`{parser.prog}` takes no argument {extras[0]!r} here {usage}"
+    name = flags[0].split("=", 1)[0]
+    # Compared without the dashes, which would make any two long flags look alike; a
+    # flag one is the start of the other (`--algorithms`, `--algo`) is close too.
+    bare = {k.lstrip("-"): k for k in known}
+    word = name.lstrip("-")
+    close = difflib.get_close_matches(word, list(bare), n=1, cutoff=0.6) or [
+        k for k in bare if min(len(k), len(word)) >= 3 and
+        (k.startswith(word) or word.startswith(k))][:1]
+    meant = f": did you mean {bare[close[0]]}?" if close else ""
+    return f"`{parser.prog}` has no flag {name}{meant} {usage}"
+
+
+def _is_number(text: str) -> bool:
+    """A negative number is a value (``--seed -1``), not a flag."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,10 +177,34 @@ class SizeFlag:
                                              ) from None
 
 
+class OutputFlag:
+    """The ``type=`` of every output-file flag (``--out FILE``, ``--json FILE``): the path
+    as given, after ``probes.outfile.check_output`` looked at it, so a directory, a
+    dangling link or an unwritable place is one usage line before any probing, tuning or
+    launching (``-`` is stdout). Nothing is created or opened."""
+
+    __name__ = "output file"
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def __call__(self, text: str) -> str:
+        from probes.outfile import OutputError, check_output
+
+        if text == "-":
+            return text
+        try:
+            check_output(text, "")
+        except OutputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+
 def bound_numbers(parser: argparse.ArgumentParser) -> None:
     """Give every numeric flag of ``parser`` its bounded type: ``type=int``/``float``
     becomes a ``NumberFlag`` (bounds from ``FLAG_BOUNDS``, else the generic ones), a
-    size flag (``dest`` ending in ``bytes``) a ``SizeFlag``. Done here, once
+    size flag (``dest`` ending in ``bytes``) a ``SizeFlag``, an output file (``--out``,
+    ``--json FILE``) an ``OutputFlag``. Done here, once
     for every verb, so a flag added tomorrow is bounded (and fuzzed: tests/unit/
     test_hostile_inputs.py) the day it is added."""
     for action in parser._actions:
@@ -138,6 +214,9 @@ def bound_numbers(parser: argparse.ArgumentParser) -> None:
             generic = INT_BOUNDS if kind is int else FLOAT_BOUNDS
             lo, hi = FLAG_BOUNDS.get(action.dest, generic)
             action.type = NumberFlag(kind, lo, hi, flag)
+        elif action.option_strings and action.type is None and (
+                action.dest == "out" or (action.dest == "json" and action.metavar == "FILE")):
+            action.type = OutputFlag(flag)
         elif action.option_strings and action.dest.endswith("bytes"):
             # Also in place of a command's own size parser: one reading of sizes, bounded.
             action.type = SizeFlag(flag)

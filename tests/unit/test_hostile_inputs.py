@@ -221,3 +221,23 @@ def test_a_special_output_in_the_environment_is_accepted_not_replaced(tmp_path: 
     out = next(v for v in VARIABLES if v.kind == "out")
     assert check_value(out, str(fifo)) == str(fifo)
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_every_output_flag_refuses_what_cannot_hold_output_before_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--out``/``--json FILE`` of every verb (found in the parser): a directory, a
+    dangling link, a link loop, a missing folder are one line before anything runs."""
+    parser = cli.build_parser()
+    verbs = _verb_args(parser)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    outputs = [(verb, a.option_strings[0]) for verb, p in sub.choices.items()
+               for a in p._actions if isinstance(a.type, cli.OutputFlag)]
+    assert {("probe", "--out"), ("tune", "--out"), ("export", "--out"), ("bench", "--json"),
+            ("simulate", "--json")} <= set(outputs)
+    paths = _path_values(tmp_path / "paths")
+    for verb, flag in outputs:
+        for name in ("directory", "dangling", "loop", "missing folder", "root"):
+            argv = [*verbs[verb], flag, paths[name]]
+            code, lines = _run(argv, capsys)
+            _assert_refused(code, lines, f"{verb} {flag} ({name})", paths[name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["paths"]  # nothing written
