@@ -305,6 +305,7 @@ bench: install
 .PHONY: docs bench-report
 docs: install
 	$(PY) -m ringtune.clidoc
+	$(PY) -m probes.environment --write
 
 # BENCHMARKS.md's tables and plots: run the benchmark scripts (~25 min; on a quiet machine,
 # it replaces benchmarks/results/ and the page), or QUICK=1: small sizes into

@@ -8,7 +8,8 @@ variable, its value and what it accepts — not a tune thrown away at its end be
 value was read only then. The modules that use a variable still parse it where they use it
 (``collectives.online``, ``collectives.stall``, …); this table is what they accept, checked
 early, and the source of docs/environment.md's rows for them (``python -m
-probes.environment`` prints them; ``tests/unit/test_environment.py`` holds the page, the
+probes.environment`` prints them, ``--write`` puts them in the page (``make docs``);
+``tests/unit/test_environment.py`` holds the page, the
 code and the modules' own parsers to the table).
 
 A new variable is a row of ``VARIABLES``: the unit tests then find it undocumented until
@@ -279,5 +280,29 @@ def markdown_rows() -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The page whose generated block holds ``markdown_rows()``, and the block's markers.
+PAGE = os.path.join("docs", "environment.md")
+BEGIN = "<!-- generated from probes/environment.py (python -m probes.environment): do not edit -->"
+END = "<!-- end of the generated table -->"
+
+
+def render_page(page: str) -> str:
+    """``page`` (docs/environment.md's text) with its generated block replaced by
+    ``markdown_rows()``; ``ValueError`` when the markers are missing."""
+    head, sep, rest = page.partition(BEGIN)
+    _, sep2, tail = rest.partition(END)
+    if not (sep and sep2):
+        raise ValueError(f"{PAGE}: the markers of the generated table are missing")
+    return f"{head}{BEGIN}\n{markdown_rows()}{END}{tail}"
+
+
 if __name__ == "__main__":
-    print(markdown_rows(), end="")
+    import sys
+
+    if sys.argv[1:] == ["--write"]:  # make docs
+        from .outfile import write_text
+
+        with open(PAGE, encoding="utf-8") as fh:
+            write_text(PAGE, render_page(fh.read()))
+    else:
+        print(markdown_rows(), end="")

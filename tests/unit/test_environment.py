@@ -14,29 +14,32 @@ from collectives.cuda.detect import parse_cuda_aware_env
 from collectives.logs import LOG_LEVELS
 from collectives.online import resolve_mode, resolve_options
 from probes.environment import (
+    BEGIN,
+    END,
     FLAG_OFF,
     FLAG_ON,
+    PAGE,
     TABLE,
     VARIABLES,
     EnvValueError,
     check_environment,
     check_value,
     markdown_rows,
+    render_page,
 )
 from tests.unit.test_docs import product_env_reads
 
 ROOT = Path(__file__).resolve().parents[2]
-BEGIN = "<!-- generated from probes/environment.py (python -m probes.environment): do not edit -->"
-END = "<!-- end of the generated table -->"
 
 
 def test_docs_table_is_generated_from_the_table() -> None:
-    page = (ROOT / "docs" / "environment.md").read_text(encoding="utf-8")
+    page = (ROOT / PAGE).read_text(encoding="utf-8")
     assert BEGIN in page and END in page, "docs/environment.md lost its generated block"
     block = page.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
     assert block == markdown_rows(), (
-        "docs/environment.md's table of RINGTUNE_* variables is stale: replace the block "
-        "with the output of `python -m probes.environment`")
+        "docs/environment.md's table of RINGTUNE_* variables is stale: run `make docs` "
+        "(python -m probes.environment --write)")
+    assert render_page(page) == page
 
 
 def test_every_ringtune_variable_the_code_reads_is_in_the_table() -> None:
