@@ -167,6 +167,34 @@ def _check_cupy_here() -> None:
         raise UsageError(cupy_missing(why, " here"))
 
 
+def plan_lines(opts: TuneOptions, ranks: int, engine: str,
+               stop_pid: int | None = None) -> list[str]:
+    """What a run will do, said before it starts: the ranks, the sizes, the budget, the two
+    files it writes, and how to stop and resume it. ``stop_pid``: the process to signal
+    (the launching ``ringtune``, which forwards to mpiexec and its ranks); ``None`` under
+    the user's own launcher, which is then the one to signal."""
+    from autotune.naming import default_storage
+    from autotune.progress import size_text
+    from autotune.storage_errors import sqlite_path
+
+    sizes = (f"{size_text(opts.buckets[0])}" if len(opts.buckets) == 1 else
+             f"{size_text(opts.buckets[0])} .. {size_text(opts.buckets[-1])}")
+    storage = opts.storage or default_storage(opts.out)
+    db = sqlite_path(storage)
+    where = os.path.abspath(db) if db else storage
+    stop = (f"Ctrl-C, or `kill {stop_pid}` (SIGTERM)" if stop_pid is not None else
+            "Ctrl-C, or SIGTERM to the launcher (mpiexec, torchrun)")
+    return [
+        f"ringtune tune: {ranks} ranks over {engine}, {len(opts.buckets)} message size(s) "
+        f"{sizes} ({opts.dtype} {opts.op}), up to {opts.trials} trials each, budget "
+        f"{opts.budget_s:g} s, sampler {opts.sampler}",
+        f"  writes the profile {os.path.abspath(opts.out)} at the end, and the trials as "
+        f"they run to {where}",
+        f"  stop: {stop}; finished trials are kept, and the same command resumes from "
+        "them (--fresh starts over)",
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
     from ..launch import relaunch, under_mpiexec
 
@@ -177,6 +205,12 @@ def run(args: argparse.Namespace) -> int:
                          " is not supported with --engine torch yet: tune under mpiexec "
                          "for it, or drop the flag")
     if engine == "mpi" and not under_mpiexec() and not os.environ.get("RINGTUNE_LAUNCHED"):
+        from ..launch import default_ranks
+
+        # Said here, before mpiexec and the ranks start (seconds on a loaded machine): a
+        # bare `ringtune tune` runs for minutes and writes two files into this folder.
+        print("\n".join(plan_lines(opts, args.np or default_ranks(), "mpi",
+                                   stop_pid=os.getpid())), flush=True)
         return relaunch(getattr(args, "_argv", sys.argv[1:]), args.np, args.oversubscribe)
 
     from autotune.report import profile_heading, rule_table, write_report
@@ -184,12 +218,9 @@ def run(args: argparse.Namespace) -> int:
 
     comm = engine_world(engine)
     rank = comm.Get_rank()
-    if rank == 0:
-        print(f"ringtune tune: {comm.Get_size()} ranks over {engine}, "
-              f"{len(opts.buckets)} bucket(s) "
-              f"({opts.buckets[0]}..{opts.buckets[-1]} B), up to {opts.trials} trials "
-              f"each, budget {opts.budget_s:g} s, sampler {opts.sampler}",
-              flush=True)
+    if rank == 0 and not os.environ.get("RINGTUNE_LAUNCHED"):
+        # Under the user's own mpiexec or torchrun (the launching process said it otherwise).
+        print("\n".join(plan_lines(opts, comm.Get_size(), engine)), flush=True)
     try:
         if getattr(args, "shapes", None):
             from autotune.shapes import parse_shapes, tune_shapes
