@@ -185,8 +185,8 @@ class OutputFlag:
 
     __name__ = "output file"
 
-    def __init__(self, flag: str) -> None:
-        self.flag = flag
+    def __init__(self, flag: str, noun: str = "output") -> None:
+        self.flag, self.noun = flag, noun
 
     def __call__(self, text: str) -> str:
         from probes.outfile import OutputError, check_output
@@ -196,8 +196,14 @@ class OutputFlag:
         try:
             check_output(text, "")
         except OutputError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+            raise argparse.ArgumentTypeError(f"{text}: cannot write {self.noun}: "
+                                             f"{exc.reason or exc}") from None
         return text
+
+
+#: What each verb's output file is, for the line that refuses its path.
+OUTPUT_NOUNS = {"tune": "profile", "probe": "topology", "export": "the exported file",
+                "bench": "JSON", "simulate": "JSON"}
 
 
 def bound_numbers(parser: argparse.ArgumentParser) -> None:
@@ -216,7 +222,8 @@ def bound_numbers(parser: argparse.ArgumentParser) -> None:
             action.type = NumberFlag(kind, lo, hi, flag)
         elif action.option_strings and action.type is None and (
                 action.dest == "out" or (action.dest == "json" and action.metavar == "FILE")):
-            action.type = OutputFlag(flag)
+            verb = parser.prog.split()[-1]
+            action.type = OutputFlag(flag, OUTPUT_NOUNS.get(verb, "output"))
         elif action.option_strings and action.dest.endswith("bytes"):
             # Also in place of a command's own size parser: one reading of sizes, bounded.
             action.type = SizeFlag(flag)

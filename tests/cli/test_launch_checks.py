@@ -82,7 +82,8 @@ def test_np_that_contradicts_an_outside_mpiexec_is_refused(monkeypatch: pytest.M
 
 def test_usage_errors_print_the_prefix_once() -> None:
     line = _one_line(["bench", "--no-such-flag"])
-    assert "unrecognized arguments: --no-such-flag" in line
+    assert "`ringtune bench` has no flag --no-such-flag" in line
+    assert "`ringtune bench --help`" in line
     line = _one_line(["tune", "--trials", "many"])
     assert "--trials: invalid int value: 'many'" in line and "`ringtune tune --help`" in line
 
