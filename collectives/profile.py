@@ -452,23 +452,22 @@ def write_profile(profile_or_dict: Profile | Mapping[str, Any],
     check_writable(name)
     try:
         return write_text_atomic(name, text)
-    except OSError as exc:
-        raise ProfileError(f"{name}: cannot write profile: {exc.strerror or exc} (folder "
+    except OSError as exc:  # OutputError (probes.outfile) included: its reason alone
+        why = getattr(exc, "reason", "") or exc.strerror or exc
+        raise ProfileError(f"{name}: cannot write profile: {why} (folder "
                            f"{folder}); choose a writable --out") from None
 
 
 def check_writable(path: str | os.PathLike[str]) -> None:
     """Fail early (``ProfileError``) when ``path`` could not be written later: used by
-    ``ringtune tune`` before spending minutes on a search."""
+    ``ringtune tune`` before spending minutes on a search. The one writer's own look
+    (``probes.outfile.check_output``): a device or FIFO is written through, a symlink's
+    target replaced; a directory, dangling link or unwritable place is refused."""
+    from probes.outfile import OutputError, check_output
+
     name = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(name))
-    if os.path.isdir(name):
-        raise ProfileError(f"{name}: is a directory; give a profile file name such as "
-                           f"{os.path.join(name, 'local.yaml')}")
-    if not os.path.isdir(folder):
-        raise ProfileError(f"{name}: cannot write profile: folder {folder} does not exist; "
-                           "create it or choose another --out")
-    if not os.access(folder, os.W_OK | os.X_OK) or (
-            os.path.exists(name) and not os.access(name, os.W_OK)):
-        raise ProfileError(f"{name}: cannot write profile: permission denied (folder "
-                           f"{folder}); choose a writable --out")
+    try:
+        check_output(name, "")
+    except OutputError as exc:
+        raise ProfileError(f"{name}: cannot write profile: {exc.reason or exc}; choose "
+                           "another --out") from None

@@ -43,10 +43,20 @@ FIFO_WAIT_S = 5.0
 class OutputError(OSError, ValueError):
     """An output path that cannot be written safely; the message is one line naming the
     path and the fix. Both an ``OSError`` (callers that catch a failed write still do) and
-    a ``ValueError`` (the CLI's bad input: exit 2)."""
+    a ``ValueError`` (the CLI's bad input: exit 2). ``reason``: the message without the
+    leading path, for a caller that words the line its own way."""
+
+    reason: str = ""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "cannot write the output"
+
+
+def _error(label: str, reason: str) -> OutputError:
+    """``OutputError`` ``LABEL: REASON``, keeping the reason apart."""
+    exc = OutputError(f"{label}: {reason}")
+    exc.reason = reason
+    return exc
 
 
 def _special(mode: int) -> bool:
@@ -70,45 +80,49 @@ def target_of(path: str | os.PathLike[str], what: str = "output") -> tuple[str, 
     name = os.fspath(path)
     label = _label(what, name)
     if not name:
-        raise OutputError(f"{what}: an empty path; name a file to write")
+        raise _error(what or "output", "an empty path; name a file to write")
     if "\0" in name:
-        raise OutputError(f"{label!r}: a path with a NUL byte; name a file to write")
+        raise _error(repr(label), "a path with a NUL byte; name a file to write")
     try:
         st = os.stat(name)
     except FileNotFoundError:
         st = None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise OutputError(f"{label}: a loop of symbolic links; point it at a file, "
+            raise _error(label, "a loop of symbolic links; point it at a file, "
                               "or write somewhere else") from None
         if exc.errno == errno.ENOTDIR:
-            raise OutputError(f"{label}: a part of the path is not a folder; write "
+            raise _error(label, "a part of the path is not a folder; write "
                               "somewhere else") from None
         if exc.errno == errno.ENAMETOOLONG:
-            raise OutputError(f"{label[:200]}...: the path is too long; write somewhere "
-                              "else") from None
-        raise OutputError(f"{label}: cannot look at it ({exc.strerror or exc}); write "
+            raise _error(label[:200] + "...", "the path is too long; write somewhere "
+                         "else") from None
+        raise _error(label, f"cannot look at it ({exc.strerror or exc}); write "
                           "somewhere else") from None
     if st is not None:
         if _special(st.st_mode):
             return name, True
         if stat.S_ISDIR(st.st_mode):
-            raise OutputError(f"{label}: is a directory; name a file inside it, e.g. "
+            raise _error(label, f"is a directory; name a file inside it, e.g. "
                               f"{os.path.join(name, 'out')}")
         if not stat.S_ISREG(st.st_mode):
-            raise OutputError(f"{label}: is a socket or other special file that cannot "
+            raise _error(label, "is a socket or other special file that cannot "
                               "hold output; write to a regular file")
         real = os.path.realpath(name)
+        # Replacing by rename needs only the folder; a file made read-only says "keep me".
+        if not os.access(real, os.W_OK):
+            raise _error(label, "the file is read-only; make it writable (chmod u+w) or "
+                                "write somewhere else")
     elif os.path.islink(name):
-        raise OutputError(f"{label}: a symbolic link to {os.readlink(name)!r}, which does "
+        raise _error(label, f"a symbolic link to {os.readlink(name)!r}, which does "
                           "not exist; remove the link or point it at a file")
     else:
         real = os.path.abspath(name)
     folder = os.path.dirname(real) or "."
     if not os.path.isdir(folder):
-        raise OutputError(f"{label}: the folder {folder} does not exist; create it first")
+        raise _error(label, f"the folder {folder} does not exist; create it first")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputError(f"{label}: the folder {folder} is not writable; choose a "
+        raise _error(label, f"the folder {folder} is not writable; choose a "
                           "writable place")
     return real, False
 
@@ -135,7 +149,7 @@ def output_path(path: str | os.PathLike[str], what: str = "output") -> Iterator[
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=f".tmp{ext}", dir=folder)
     except OSError as exc:
-        raise OutputError(f"{label}: cannot write in {folder} ({exc.strerror or exc}); "
+        raise _error(label, f"cannot write in {folder} ({exc.strerror or exc}); "
                           "choose a writable place") from None
     try:
         # mkstemp creates the file 0600; what we write is meant to be shared like any file.
@@ -191,9 +205,9 @@ def _open_through(real: str, label: str, wait_s: float) -> int:
                 time.sleep(0.05)
                 continue
             if exc.errno == errno.ENXIO:
-                raise OutputError(f"{label}: a FIFO with no reader for {wait_s:g} s; start "
+                raise _error(label, f"a FIFO with no reader for {wait_s:g} s; start "
                                   "the reader first, or write to a file") from None
-            raise OutputError(f"{label}: cannot open it for writing ({exc.strerror or exc}); "
+            raise _error(label, f"cannot open it for writing ({exc.strerror or exc}); "
                               "write to a file instead") from None
 
 
@@ -212,7 +226,7 @@ def _copy_through(tmp: str, real: str, label: str, wait_s: float | None = None) 
                     except BlockingIOError:
                         n = 0
                     except OSError as exc:
-                        raise OutputError(f"{label}: writing failed ({exc.strerror or exc});"
+                        raise _error(label, f"writing failed ({exc.strerror or exc});"
                                           " write to a file instead") from None
                     if n:
                         view = view[n:]
@@ -221,7 +235,7 @@ def _copy_through(tmp: str, real: str, label: str, wait_s: float | None = None) 
                     poller = select.poll()
                     poller.register(fd, select.POLLOUT)
                     if not poller.poll(wait * 1000):
-                        raise OutputError(f"{label}: the reader took nothing for {wait:g} s;"
+                        raise _error(label, f"the reader took nothing for {wait:g} s;"
                                           " write to a file instead")
     finally:
         os.close(fd)

@@ -220,3 +220,13 @@ def test_folder_without_write_permission_is_refused(tmp_path: Path) -> None:
             write_text_atomic(folder / "x.yaml", "x\n")
     finally:
         folder.chmod(0o700)
+
+
+@pytest.mark.skipif(ROOT, reason="root may write a read-only file")
+def test_read_only_file_is_kept(tmp_path: Path) -> None:
+    out = tmp_path / "p.yaml"
+    out.write_text("keep\n")
+    out.chmod(0o444)
+    with pytest.raises(OutputError, match="read-only; make it writable"):
+        write_text_atomic(out, "x\n")
+    assert out.read_text() == "keep\n"
