@@ -241,3 +241,25 @@ def test_every_output_flag_refuses_what_cannot_hold_output_before_anything(
             code, lines = _run(argv, capsys)
             _assert_refused(code, lines, f"{verb} {flag} ({name})", paths[name])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["paths"]  # nothing written
+
+
+def test_every_algorithm_parameter_refuses_hostile_numbers_before_anything(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench --algo A --param K=V`` for every parameter of every registered algorithm
+    (its schema): non-finite, huge and negative values are one line naming the parameter,
+    before launching."""
+    from collectives.algorithms import algorithm_names, get_algorithm
+
+    rng = random.Random(SEED)
+    seen = 0
+    for name in algorithm_names():
+        keys = (get_algorithm(name).params_schema().get("properties") or {}).keys()
+        for key in keys:
+            for value in ["inf", ".inf", "nan", "1e400", "infK"] + rng.sample(HUGE, 1) + [
+                    "-1"]:
+                argv = ["bench", "-b", "8", "-e", "8", "--algo", name, "--param",
+                        f"{key}={value}"]
+                code, lines = _run(argv, capsys)
+                _assert_refused(code, lines, f"--param {key}={value} ({name})", key)
+                seen += 1
+    assert seen > 20
