@@ -10,7 +10,6 @@ Off, the hot loop is the plain ``Waitall``: the check costs nothing unless asked
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import sys
@@ -32,16 +31,16 @@ def env_seconds(name: str, meaning: str, environ: Any = None) -> float:
     infinite or non-number value is a ``ValueError`` of one line naming the variable, its
     value and ``meaning`` (what the seconds are for). The one parser of the runtime's and
     the CLI's seconds-valued variables."""
+    from probes.numbers import NumberError, parse_number
+
     text = (os.environ if environ is None else environ).get(name, "").strip()
     if not text:
         return 0.0
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name}={text!r}: expected a number of seconds >= 0 ({meaning})")
-    return value
+        return float(parse_number(text, name, kind=float, lo=0.0))
+    except NumberError:
+        raise ValueError(f"{name}={text!r}: expected a number of seconds >= 0 "
+                         f"({meaning})") from None
 
 
 def stall_timeout() -> float | None:
