@@ -28,6 +28,7 @@ import time
 import warnings
 from typing import Any
 
+from collectives.candidates import guesses as candidate_guesses
 from collectives.plan import Config
 from collectives.profile import builtin_profile
 
@@ -249,17 +250,15 @@ class Driver:
                           stacklevel=2)
         _, rule = builtin_profile(self.world_size).select(self.nbytes)
         guesses.append(Config(rule.algorithm, rule.params))
-        guesses.append(Config("multiring", {"rings": 2, "chunk_bytes": 0, "order": "topology"}))
-        guesses.append(Config("rhd"))
-        if self.hosts > 1:
-            # The library's flat composition (``NativeLibrary.flat_composition``: one of
-            # many native configurations there, often better than its own choice across
-            # hosts) first among the guesses; a guess outside the space is dropped below.
-            from collectives.natives import current
-
-            flat = current().flat_composition
-            if flat:
-                guesses.insert(0, Config("native", {"composition": flat}))
+        # The hand-made guesses both tuners share (``collectives.candidates.guesses``), by
+        # name: two whole-segment rings and halving-doubling after the defaults' choice,
+        # and the library's flat composition (one of many native configurations there,
+        # often better than its own choice across hosts) first among the guesses; a guess
+        # outside the space is dropped below.
+        shared = candidate_guesses(self.world_size, self.nbytes, self.hosts)
+        guesses += [shared[name] for name in ("two_rings", "rhd")]
+        if "flat_composition" in shared:
+            guesses.insert(0, shared["flat_composition"])
         try:
             grid = self.space()
         except ValueError:

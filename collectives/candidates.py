@@ -1,9 +1,10 @@
 """The offline tuner's search space, walked without Optuna: what online tuning may try.
 
 Use ``searchable_algorithms()`` for the algorithms a search considers, ``draw(rng, …)`` for
-one random configuration of the space, ``in_space(config, …)`` to ask whether a hand-made
-guess is one of its configurations, and ``EnumeratingTrial`` to list a discrete space
-depth-first (``autotune.space.enumerate_space`` uses it). Online tuning
+one random configuration of the space, ``guesses(…)`` for the hand-made configurations both
+tuners try before searching, ``in_space(config, …)`` to ask whether a hand-made guess is
+one of its configurations, and ``EnumeratingTrial`` to list a discrete space depth-first
+(``autotune.space.enumerate_space`` uses it). Online tuning
 (``collectives.online``) lives in ``collectives``, which never imports ``autotune`` or
 Optuna; so the space is derived here from the algorithm classes themselves, exactly as
 ``autotune.space.suggest`` asks Optuna for it: an algorithm among the searchable ones, then
@@ -20,6 +21,9 @@ from typing import Any
 
 from .algorithms import algorithm_names, get_algorithm
 from .plan import Config
+
+#: Size classes from this size on also try the pipelined tier-aware grid across hosts.
+PIPELINE_GUESS_BYTES = 8 << 20
 
 #: Leaves of one algorithm's sub-space ``in_space`` walks at most (hierarchical's space
 #: on 8 ranks is ~3,000 configurations, ~0.3 ms each): a guess not found within it is
@@ -115,6 +119,42 @@ def draw(rng: random.Random, world_size: int, nbytes: int, hosts: int = 1,
     names = list(algorithms) if algorithms is not None else searchable_algorithms()
     algo = names[rng.randrange(len(names))]
     return _config(RandomTrial(rng), algo, world_size, nbytes, hosts)
+
+
+def guesses(world_size: int, nbytes: int, hosts: int = 1,
+            ranks_per_host: int | None = None) -> dict[str, Config]:
+    """The hand-made configurations the tuners try before any search, by name, in the order
+    online tuning tries them (``collectives.online.guesses``, after the built-in defaults'
+    choice); the offline tuner's warm start (``autotune.bucket_search``) takes some of
+    them by name. The one list of guesses: add one here, under a new name, and to the
+    tuner that should try it. Each tuner drops a guess its space does not hold for this
+    world (``in_space``); only guesses that make sense here are listed (the tier-aware grid
+    needs several hosts of ``ranks_per_host`` > 1 ranks each)."""
+    out: dict[str, Config] = {}
+    if hosts > 1:
+        if ranks_per_host and ranks_per_host * hosts == world_size and ranks_per_host > 1:
+            # The tier-aware grid: reduce-scatter inside hosts, then across them.
+            grid = {"dims": [ranks_per_host, hosts], "rings": 1, "chunk_bytes": 0,
+                    "inner": ["multiring", "multiring"]}
+            if nbytes >= PIPELINE_GUESS_BYTES:
+                # Large buckets: the same grid pipelined (1 MiB pieces, 8 in flight), what
+                # the offline tuner chose on the emulated 2 x 2 at 64 MiB (1.55x native);
+                # random draws alone rarely reach it within a class's few candidates.
+                out["grid_pipelined"] = Config("hierarchical", {**grid, "chunk_bytes": 1 << 20,
+                                                                "pipeline": 8})
+            out["grid"] = Config("hierarchical", grid)
+        from .natives import current
+
+        # The library's flat composition (``NativeLibrary.flat_composition``: one of many
+        # native configurations there, often better than its own choice across hosts).
+        flat = current().flat_composition
+        if flat:
+            out["flat_composition"] = Config("native", {"composition": flat})
+    out["native"] = Config("native")
+    out["two_rings"] = Config("multiring", {"rings": 2, "chunk_bytes": 0})
+    out["rhd"] = Config("rhd")
+    out["one_ring"] = Config("multiring", {"rings": 1, "chunk_bytes": 0})
+    return out
 
 
 def normalised(config: Config, world_size: int) -> Config:

@@ -126,7 +126,7 @@ class Communicator:
             from .natives.base import warn_other_library
 
             warn_other_library(loaded)
-        from .online import prepare_settings
+        from .online.settings import prepare_settings
 
         # Read on every rank, agreed on in the construction's allgather: an unknown value,
         # an unwritable output or ranks that differ fail together, before any step.
@@ -141,7 +141,8 @@ class Communicator:
                 self.topology = self._detect_topology()
             self._check_fingerprint()
             if tuning is not None:
-                from .online import OnlineTuner, refuse_set_aside
+                from .online.settings import refuse_set_aside
+                from .online.tuner import OnlineTuner
 
                 self.online = OnlineTuner(self, tuning[0], tuning[1], tune_lock)
                 refuse_set_aside(self)
@@ -214,7 +215,7 @@ class Communicator:
             raise ProfileError(e if r == self.rank or len(errors) == len(everyone)
                                else f"rank {r}: {e}")
         assert isinstance(prof, Profile)  # this rank's load error would be in ``errors``
-        from .online import agree_settings
+        from .online.settings import agree_settings
 
         tuning = agree_settings([t for *_, t in everyone], self.rank)
         hashes = {h for _, h, _, _, _ in everyone}
@@ -607,7 +608,8 @@ class Communicator:
         """Turn online tuning on for an existing communicator (``HookState(tune=...)``);
         collective: the ranks' settings are compared (one allgather) and bad or differing
         ones raise on every rank. Keeps the tuning already on."""
-        from .online import OnlineTuner, agree_settings, prepare_settings, refuse_set_aside
+        from .online.settings import agree_settings, prepare_settings, refuse_set_aside
+        from .online.tuner import OnlineTuner
 
         # Already tuning (RINGTUNE_TUNE): its own output and lock stand.
         setting, lock = prepare_settings(self.rank, tune, tune_out, tune_options,

@@ -1,0 +1,299 @@
+"""The profile document online tuning writes: the loaded profile (or the built-in
+defaults' rules for this shape) with each settled size's winner in force around it
+(``merge_rules``), other rules and shapes kept, and a ``tuning`` header saying
+``mode: online``. Use ``tuned_document(tuner)`` (``OnlineTuner.profile_dict``); ``Settled``
+is what a settled class records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..plan import Config
+from .options import OnlineOptions
+from .race import SizeClass
+
+
+@dataclass
+class Settled:
+    """A settled class on every rank: its winner and what rank 0 measured."""
+
+    config: Config
+    calls: int = 0
+    time_us: float | None = None
+    incumbent_us: float | None = None
+    reason: str = ""
+    earlier: bool = False  # settled by an earlier job's profile
+    #: The fastest of the library's own allreduce measured here: (params, seconds), what
+    #: ``ringtune export`` writes for a rule the library cannot run.
+    native: tuple[dict[str, Any], float] | None = None
+
+
+class TunerState(Protocol):
+    """What ``tuned_document`` reads of a tuner (``OnlineTuner``)."""
+
+    comm: Any
+    opts: OnlineOptions
+    job: str
+    started_utc: str
+    calls: int
+    exploring_calls: int
+    explore_seconds: float
+    #: Sizes an earlier job settled (the loaded profile's ``tuning.online_settled``).
+    earlier: frozenset[int]
+    classes: dict[Any, SizeClass]
+    settled: dict[Any, Settled]
+
+
+def tuned_document(tuner: TunerState) -> dict[str, Any]:
+    """The profile ``tuner``'s job tuned (rank 0's view): the loaded profile (or the
+    built-in defaults) with each settled size's rule replaced, merged with its other
+    shapes, and the ``tuning`` header."""
+    comm = tuner.comm
+    prof = comm.profile
+    data = _base_document(comm)
+    winners: dict[int, Settled] = {}
+    for key, st in tuner.settled.items():
+        winners.setdefault(key[0] * itemsize(key[1]), st)
+    for key, sc in tuner.classes.items():
+        nb = key[0] * itemsize(key[1])
+        if key in tuner.settled or nb in winners:
+            continue
+        # Still exploring when the job ended (a size called a few times only, such as
+        # DDP's first-step buckets): what was learnt is kept, so the next job does not
+        # explore it again.
+        b = sc.best()
+        win = b[0] if b is not None else 0
+        inc = sc.score(0)
+        winners[nb] = Settled(sc.candidates[win], sc.calls,
+                              None if b is None else b[1] * 1e6,
+                              None if inc is None else inc * 1e6,
+                              f"job ended after {sc.calls} exploring call(s)")
+    base_rules = [dict(r) for r in _section(data, comm.size)["rules"]]
+    # Transports that go without saying: the profile's own, and the engine's default
+    # for each buffer kind (a job under the same engine maps the profile's to it).
+    implied = {prof.transport}
+    for key in tuner.settled:
+        with contextlib.suppress(Exception):
+            from ..registry import get_backend
+
+            implied.add(comm.default_transport(get_backend(key[3])))
+    rules = merge_rules(base_rules, {nb: _rule_body(st, nb, comm.size, implied)
+                                     for nb, st in winners.items() if not st.earlier})
+    section = _section(data, comm.size)
+    section["rules"] = rules
+    if "source" in section:
+        section["source"] = "tuned"
+        section.pop("from_world_size", None)
+    settled_sizes = sorted(set(tuner.earlier) | set(winners))
+    previous = data.get("tuning")
+    data["created"] = utc_now()
+    data["tool"] = {"name": "ringtune", "version": _version()}
+    # The engine this job ran over, as an offline tune records it: a profile written
+    # under torchrun that said nothing would read as MPI's and be set aside there.
+    data["engine"] = _engine_record(comm)
+    if data["engine"]["name"] != "mpi":
+        data.pop("library", None)  # the MPI library's algorithms were not what ran
+    data["tuning"] = {
+        "mode": "online",
+        "job": tuner.job,
+        "started": tuner.started_utc,
+        "ended": utc_now(),
+        "calls": tuner.calls,
+        "exploring_calls": tuner.exploring_calls,
+        "exploring_seconds": round(tuner.explore_seconds, 3),
+        "base": prof.path if not prof.builtin else "built-in defaults",
+        "options": tuner.opts.record(),
+        "online_settled": settled_sizes,
+        "classes": [
+            {"bytes": nb, "algorithm": st.config.algorithm,
+             "params": _plain(dict(st.config.params)), "calls": st.calls,
+             "reason": st.reason,
+             **({"time_us": round(st.time_us, 3)} if st.time_us is not None else {}),
+             **({"incumbent_us": round(st.incumbent_us, 3)}
+                if st.incumbent_us is not None else {})}
+            for nb, st in sorted(winners.items())],
+        **({"previous": previous} if isinstance(previous, Mapping) else {}),
+    }
+    return data
+
+
+def utc_now() -> str:
+    """Now, in UTC, to the second (``2026-12-06T05:55:12Z``): the header's times."""
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(
+    ).replace("+00:00", "Z")
+
+
+def itemsize(dtype: Any) -> int:
+    """Bytes per element of ``dtype`` (a plan key's dtype name; bfloat16 included)."""
+    import numpy as np
+
+    return int(np.dtype(dtype).itemsize) if str(dtype) != "bfloat16" else 2
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def _version() -> str:
+    # The package's version, read from the package already imported (importing it here
+    # would make a cycle: the package imports the communicator, which imports this).
+    return str(getattr(sys.modules.get("collectives"), "__version__", "unknown"))
+
+
+
+def _rule_body(st: Settled, nbytes: int, world: int, implied: set[str],
+               ) -> dict[str, Any]:
+    from ..ops import busbw
+
+    body: dict[str, Any] = {"algorithm": st.config.algorithm,
+                            "params": _plain(dict(st.config.params))}
+    if st.config.transport and st.config.transport not in implied:
+        body["transport"] = st.config.transport
+    if st.time_us:
+        measured: dict[str, Any] = {"bytes": nbytes, "time_us": round(st.time_us, 3),
+                                    "busbw_gbps": round(busbw(nbytes, st.time_us, world), 4)}
+        body["measured"] = measured
+    if st.native is not None and st.config.algorithm != "native":
+        params, seconds = st.native
+        entry: dict[str, Any] = {"bytes": nbytes, "impl": str(params.get("impl", "auto")),
+                                 "busbw_gbps": round(busbw(nbytes, seconds * 1e6, world), 4),
+                                 "time_us": round(seconds * 1e6, 3)}
+        if params.get("composition"):
+            entry["composition"] = str(params["composition"])
+        body["native"] = [entry]
+    return body
+
+
+def merge_rules(base: list[dict[str, Any]], winners: Mapping[int, Mapping[str, Any]],
+                ) -> list[dict[str, Any]]:
+    """``base`` rules (sorted, contiguous, from 0 to ``None``) with each settled size's
+    winner in force around it: from half to twice the size (the neighbourhood a bucket of
+    ``ringtune tune``'s powers of 4 owns), within the base rule that holds it and split at
+    the geometric midpoint with a settled neighbour; the rest of each base rule keeps its
+    choice. Neighbours with the same choice are joined."""
+    out: list[dict[str, Any]] = []
+    sizes = sorted(winners)
+    for rule in base:
+        lo, hi = int(rule["min_bytes"]), rule["max_bytes"]
+        inside = [s for s in sizes if s >= lo and (hi is None or s <= hi)]
+        start = lo
+        for j, s in enumerate(inside):
+            own_lo = max(start, s // 2)
+            own_hi = 2 * s
+            if j + 1 < len(inside):
+                own_hi = min(own_hi, max(s, math.isqrt(s * inside[j + 1])))
+            if hi is not None:
+                own_hi = min(own_hi, hi)
+            if own_lo > start:
+                out.append({**rule, "min_bytes": start, "max_bytes": own_lo - 1})
+            out.append({"min_bytes": own_lo, "max_bytes": own_hi, **winners[s]})
+            start = own_hi + 1
+        if hi is None or start <= hi:
+            out.append({**rule, "min_bytes": start, "max_bytes": hi})
+    joined: list[dict[str, Any]] = []
+    for r in out:
+        prev = joined[-1] if joined else None
+        if prev is not None and _same_choice(prev, r) and not (
+                "measured" in prev and "measured" in r):
+            prev["max_bytes"] = r["max_bytes"]
+            if "measured" in r:
+                prev["measured"] = r["measured"]
+            if r.get("native"):
+                prev["native"] = [*(prev.get("native") or []), *r["native"]]
+            continue
+        joined.append(dict(r))
+    return joined
+
+
+def _same_choice(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return (a.get("algorithm") == b.get("algorithm") and a.get("transport") == b.get("transport")
+            and Config(a["algorithm"], a.get("params") or {}) ==
+            Config(b["algorithm"], b.get("params") or {}))
+
+
+def _section(data: dict[str, Any], world: int) -> dict[str, Any]:
+    """The mapping holding this world's ``rules`` in a whole profile document: the top level,
+    or its ``shapes`` entry of that world size."""
+    topo = data.get("topology") or {}
+    if topo.get("world_size") == world:
+        return data
+    for sec in data.get("shapes") or []:
+        if (sec.get("topology") or {}).get("world_size") == world:
+            return sec  # type: ignore[no-any-return]
+    return data
+
+
+def _base_document(comm: Any) -> dict[str, Any]:
+    """The whole document to merge into: the loaded profile file as it is (every shape),
+    or a new profile for this world from the built-in defaults."""
+    import copy
+
+    prof = comm.profile
+    if not prof.builtin and prof.path:
+        from probes.safeload import InputError, parse_text, read_bounded
+
+        try:
+            whole = parse_text(read_bounded(prof.path, "profile"), prof.path)
+        except (InputError, OSError):
+            whole = None
+        if isinstance(whole, Mapping):
+            data = copy.deepcopy(dict(whole))
+            if (data.get("topology") or {}).get("world_size") == comm.size or any(
+                    (s.get("topology") or {}).get("world_size") == comm.size
+                    for s in data.get("shapes") or [] if isinstance(s, Mapping)):
+                return data
+        data = copy.deepcopy(_plain(dict(prof.raw)))
+        data.pop("shapes", None)
+        return data
+    topo: dict[str, Any] = {"world_size": comm.size}
+    hosts = comm.hosts
+    nh = len(set(hosts))
+    counts = {hosts.count(h) for h in set(hosts)}
+    topo["hosts"] = nh
+    if len(counts) == 1:
+        topo["ranks_per_host"] = counts.pop()
+    t = comm.topology
+    if t is not None and hasattr(t, "fingerprint"):
+        with contextlib.suppress(Exception):
+            topo["fingerprint"] = t.fingerprint()
+            topo["summary"] = " ".join(str(t.summary()).split())[:200]
+    from ..registry import user_transport_names
+
+    # A test-only transport (the in-process ``inproc``) is no profile's: written as mpi.
+    transport = prof.transport if prof.transport in user_transport_names() else "mpi"
+    data = {"format": "ringtune-profile", "version": 1, "topology": topo,
+            "backend": prof.backend, "transport": transport,
+            "dtype": prof.dtype, "op": prof.op,
+            "rules": [r.to_dict() for r in prof.rules]}
+    if comm.engine.name == "mpi":
+        with contextlib.suppress(Exception):
+            from ..natives import library
+
+            name, version = library()
+            data["library"] = {"name": name, "version": version}
+    return data
+
+
+def _engine_record(comm: Any) -> dict[str, str]:
+    """The profile's ``engine`` record for the engine behind ``comm`` (what
+    ``autotune.choose.build_profile`` writes after an offline tune)."""
+    desc = comm.engine.describe(comm.comm)
+    record = {"name": desc["engine"]}
+    if desc.get("backend"):
+        record["backend"] = desc["backend"]
+    if desc["engine"] == "torch":
+        import torch
+
+        record["version"] = str(torch.__version__)
+    return record
