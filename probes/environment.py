@@ -61,6 +61,9 @@ class Variable:
     hi: float | None = None
     #: Set by ringtune for the processes it starts (documented; a user need not set it).
     internal: bool = False
+    #: What an unknown choice is called in the line (the owning module's own word: ``unknown
+    #: tuning mode``), so the early check and the module say the same.
+    unknown: str = "value"
 
     def accepts(self) -> str:
         """What the variable accepts, in words (the docs' column and the error lines)."""
@@ -105,11 +108,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("RINGTUNE_LOG", "choice", "warnings only",
              "`info`: which rule and algorithm each size gets, once per plan; `debug`: "
              "also the profile in use, each plan's parameters, one line per call, "
-             "tracebacks of CLI errors.", choices=("info", "debug")),
+             "tracebacks of CLI errors.", choices=("info", "debug"), unknown="log level"),
     Variable("RINGTUNE_ON_ERROR", "choice", "abort",
              "`abort`: a failure once communication may have begun prints `ringtune: "
              "rank R: …` and ends every rank; `raise`: the exception goes to the caller.",
-             choices=("abort", "raise")),
+             choices=("abort", "raise"), unknown="error mode"),
     Variable("RINGTUNE_STALL_TIMEOUT", "seconds", "0: off (waits forever, as MPI does)",
              "Seconds without progress after which a wait ends with `StallError` naming "
              "the rank and the peers it waited on (a dead peer, a link that is down).",
@@ -150,7 +153,7 @@ VARIABLES: tuple[Variable, ...] = (
              "space per message size (its buckets) and settle on the fastest; `off`, "
              "`none`, `0`, `no`, `false` or unset: the profile's choice only. Same as "
              "`Communicator(..., tune=\"online\")`.",
-             choices=("online", "off", "none", "0", "no", "false")),
+             choices=("online", "off", "none", "0", "no", "false"), unknown="tuning mode"),
     Variable("RINGTUNE_TUNE_OUT", "out", "none",
              "Where online tuning writes the settled choices as a profile for this shape "
              "(at `close()`, at exit, or on `save_tuning()`), as every output is written "
@@ -189,7 +192,7 @@ VARIABLES: tuple[Variable, ...] = (
              "candidate disagrees with the same run's search by more than 10x twice "
              "(unpinned or oversubscribed ranks): `stop` ends the tune with one line naming "
              "the likely cause and writes nothing; `warn` says so and goes on.",
-             choices=("stop", "warn")),
+             choices=("stop", "warn"), unknown="timing check"),
 )
 
 #: name -> row.
@@ -220,7 +223,7 @@ def check_value(var: Variable, raw: str) -> Any:
     if kind == "choice":
         if text.lower() in var.choices:
             return text.lower()
-        raise _refuse(var, raw, "unknown value")
+        raise _refuse(var, raw, f"unknown {var.unknown}")
     if kind in ("int", "float", "seconds"):
         try:
             return parse_number(text, var.name, kind=int if kind == "int" else float,

@@ -71,6 +71,19 @@ def test_choices_are_what_the_modules_accept() -> None:
         assert parse_cuda_aware_env(value) is (value in FLAG_ON)
 
 
+def test_lines_start_as_the_modules_own_do() -> None:
+    """A value refused early reads as the module that uses it would say it (tests of
+    those modules match these words)."""
+    for env, start in [({"RINGTUNE_TUNE": "onlien"}, "RINGTUNE_TUNE='onlien': unknown tuning "
+                        "mode"),
+                       ({"RINGTUNE_LOG": "loud"}, "RINGTUNE_LOG='loud': unknown log level"),
+                       ({"RINGTUNE_TUNE_CALLS": "many"}, "RINGTUNE_TUNE_CALLS='many': expected "
+                        "an integer")]:
+        with pytest.raises(EnvValueError) as info:
+            check_environment(env)
+        assert str(info.value).startswith(start), str(info.value)
+
+
 def test_online_bounds_are_what_online_tuning_accepts() -> None:
     """Each RINGTUNE_TUNE_* row's range, tried on ``resolve_options``: its ends accepted,
     just beyond them refused by both."""
