@@ -68,6 +68,13 @@ def run(args: argparse.Namespace) -> int:
     if ch4 is not None and not args.out:
         raise UsageError("--format mpich: the profile names MPICH compositions, which go to "
                          "a second file (ch4's selection) next to --out: give --out FILE")
+    if ch4 is not None:
+        from probes.outfile import target_of
+
+        # Written through a device (--out /dev/stdout), the second file would land in /dev.
+        if target_of(args.out, "--out")[1]:
+            raise UsageError(f"--out {args.out}: the profile names MPICH compositions, which "
+                             "go to a second file next to --out: give --out a regular file")
     if args.format == "mpich":
         mod.check_with_library(text, ch4_text=ch4[0] if ch4 else None)
     if args.format != "mpich":
