@@ -249,11 +249,9 @@ class ShmSchedule:
 
 def _fallback(ctx: Context, why: str) -> str:
     """Warn once per reason (rank 0 of the context) and name the algorithm used instead."""
-    if why not in _warned:
+    if ctx.rank == 0 and why not in _warned:
         _warned.add(why)
-        if ctx.rank == 0:
-            warnings.warn(f"shm: {why}; using multiring instead", RuntimeWarning,
-                          stacklevel=4)
+        warnings.warn(f"shm: {why}; using multiring instead", RuntimeWarning, stacklevel=4)
     return "multiring"
 
 

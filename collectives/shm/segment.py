@@ -23,10 +23,11 @@ Life of a segment, and why nothing is ever left behind:
 3. It writes a header (a magic number and the random token) and tells the others the name
    (``comm.allgather``). Each opens it without ``O_CREAT``, checks owner, mode, size and
    token, and maps it.
-4. An ``allgather`` of every rank's outcome: then rank 0 unlinks the name, whatever the
-   outcome. The mappings stay valid; the memory is freed when the last rank unmaps it or
-   ends, however it ends. Only a job killed between 1 and 4 — a few milliseconds of its
-   set-up — could leave the file.
+4. An ``allgather`` of every rank's outcome: then every rank unlinks the name (the first
+   succeeds), whatever the outcome; rank 0 also unlinks it when the set-up fails (a peer
+   gone before it attached). The mappings stay valid; the memory is freed when the last
+   rank unmaps it or ends, however it ends. Only a job whose every rank is killed between
+   1 and 4 — a few milliseconds of its set-up — could leave the file.
 """
 
 from __future__ import annotations
@@ -196,6 +197,13 @@ def _open_checked(name: str, token: int, total: int) -> int:
     return fd
 
 
+def _unlink(name: str) -> None:
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+    except FileNotFoundError:
+        pass  # another rank was first
+
+
 def attach_segment(comm: Any, nbytes: int, names: Any = None) -> Segment:
     """A segment of ``nbytes`` data bytes shared by every rank of ``comm`` (ranks of one
     host). Collective. Raises ``ShmUnavailable`` on every rank alike when any rank cannot
@@ -203,46 +211,48 @@ def attach_segment(comm: Any, nbytes: int, names: Any = None) -> Segment:
     rank, size = comm.Get_rank(), comm.Get_size()
     total = data_offset(size) + max(nbytes, 1)
     fd = -1
-    if rank == 0:
-        try:
-            fd, name, token = _create(total)
-            header = np.zeros(PREAMBLE // 8, dtype=np.int64)
-            header[:4] = (MAGIC, token, nbytes, size)
-            os.pwrite(fd, header.tobytes(), 0)
-            offer: tuple[str, Any, Any] = ("ok", name, token)
-        except ShmUnavailable as exc:
-            offer = ("error", str(exc), None)
-        offers = comm.allgather(offer)
-    else:
-        offers = comm.allgather(None)
-    kind, name, token = offers[0]
-    if kind != "ok":
-        raise ShmUnavailable(name)
-    outcome = "ok"
+    name = ""
     mapping = None
     try:
-        if rank != 0:
-            fd = _open_checked(name, token, total)
-        mapping = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    except (OSError, ShmUnavailable) as exc:
-        outcome = f"rank {rank}: {exc}"
+        if rank == 0:
+            try:
+                fd, name, token = _create(total)
+                header = np.zeros(PREAMBLE // 8, dtype=np.int64)
+                header[:4] = (MAGIC, token, nbytes, size)
+                os.pwrite(fd, header.tobytes(), 0)
+                offer: tuple[str, Any, Any] = ("ok", name, token)
+            except ShmUnavailable as exc:
+                offer = ("error", str(exc), None)
+            offers = comm.allgather(offer)
+        else:
+            offers = comm.allgather(None)
+        kind, text, token = offers[0]
+        if kind != "ok":
+            raise ShmUnavailable(text)
+        outcome = "ok"
+        try:
+            if rank != 0:
+                fd = _open_checked(text, token, total)
+            mapping = mmap.mmap(fd, total, mmap.MAP_SHARED,
+                                mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, ShmUnavailable) as exc:
+            outcome = f"rank {rank}: {exc}"
+        outcomes = comm.allgather(outcome)
+        # Every rank has mapped it (or failed to): every rank unlinks, so that the name
+        # goes even if rank 0 is killed right now.
+        _unlink(text)
     finally:
         if fd >= 0:
             os.close(fd)  # the mapping keeps the memory; the descriptor is not needed
-    outcomes = comm.allgather(outcome)
-    if rank == 0:
-        # Everyone has mapped it (or failed): the name is not needed by anyone any more.
-        try:
-            os.unlink(os.path.join(SHM_DIR, name))
-        except FileNotFoundError:
-            pass
+        if name:
+            _unlink(name)  # rank 0, also when the set-up failed (a peer gone before it)
     failed = [o for o in outcomes if o != "ok"]
     if failed:
         if mapping is not None:
             mapping.close()
         raise ShmUnavailable(f"shared memory: {failed[0]}")
     assert mapping is not None
-    seg = Segment(mapping, name, rank, size, nbytes, names)
+    seg = Segment(mapping, str(offers[0][1]), rank, size, nbytes, names)
     seg.flags.register_pid()
     # Every pid is written before anyone waits on a peer: the first wait of the first
     # step already knows whom it waits for.

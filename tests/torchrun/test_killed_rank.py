@@ -24,19 +24,31 @@ WORKER = Path(__file__).with_name("killed_worker.py")
 MONITOR_S = 20
 
 
+def _segments() -> set[str]:
+    return ({f for f in os.listdir("/dev/shm") if f.startswith("ringtune-")}
+            if os.path.isdir("/dev/shm") else set())
+
+
 @pytest.mark.skipif(SIZE != 1, reason="run once, from the 1-rank run (it starts its own job)")
-def test_a_killed_rank_ends_the_job_naming_it() -> None:
+@pytest.mark.parametrize("algorithm,named", [
+    ("multiring", "waiting on rank(s) 1"),
+    # Shared memory: the survivors see rank 1's process gone; its segment was unlinked
+    # once mapped, so nothing of the job stays in /dev/shm.
+    ("shm", "rank 1 (pid "),
+])
+def test_a_killed_rank_ends_the_job_naming_it(algorithm: str, named: str) -> None:
+    before = _segments()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TORCHELASTIC_", "MASTER_", "GROUP_", "ROLE_"))
            and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "3", "--monitor-interval", str(MONITOR_S), str(WORKER), "multiring"],
+         "3", "--monitor-interval", str(MONITOR_S), str(WORKER), algorithm],
         capture_output=True, text=True, timeout=240, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     assert "went unnoticed" not in out, out[-3000:]
     lines = [ln for ln in out.splitlines() if ln.startswith("ringtune: rank ")]
     assert lines, out[-3000:]
-    assert any("waiting on rank(s) 1" in ln and "failed" in ln for ln in lines), \
-        "\n".join(lines)
+    assert any(named in ln and "failed" in ln for ln in lines), "\n".join(lines)
+    assert _segments() <= before, f"left in /dev/shm: {sorted(_segments() - before)}"

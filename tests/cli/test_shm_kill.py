@@ -1,0 +1,41 @@
+"""A rank SIGKILLed in the middle of a shared-memory allreduce: the survivors end within the
+stall bound with a line naming it, and nothing of the job is left in /dev/shm (the segment
+was unlinked once every rank had mapped it, so no exit path can leave it)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+ROOT = Path(__file__).resolve().parents[2]
+JOB = Path(__file__).with_name("shm_killed_job.py")
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+
+
+def segments() -> set[str]:
+    return {f for f in os.listdir("/dev/shm") if f.startswith("ringtune-")}
+
+
+def test_a_killed_rank_is_named_and_nothing_is_left_in_dev_shm() -> None:
+    before = segments()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "RINGTUNE_"))}
+    env.update(PYTHONPATH=str(ROOT), RINGTUNE_STALL_TIMEOUT="30", OMP_NUM_THREADS="1")
+    # -disable-auto-cleanup: Hydra leaves the survivors running when rank 1 dies, so only
+    # ringtune's own bounded waits can end them.
+    proc = subprocess.run([MPIEXEC, "-disable-auto-cleanup", "-n", "3", sys.executable,
+                           str(JOB)], env=env, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "went unnoticed" not in out, out[-3000:]
+    named = [ln for ln in out.splitlines()
+             if re.search(r"ringtune: stall: rank [02] .*rank 1 \(pid \d+\) ended", ln)]
+    assert named, out[-3000:]
+    assert segments() <= before, f"left in /dev/shm: {sorted(segments() - before)}"

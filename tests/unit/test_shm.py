@@ -1,0 +1,241 @@
+"""The shared-memory path's safety, in-process (threads as ranks, ``tests/inproc.py``):
+segments private to their job (0600, unguessable names, never a file that was there),
+gone from /dev/shm once mapped, checked for room before use; bounded waits that name
+the rank; the one-line fallback where shm cannot run; two communicators alternating."""
+
+from __future__ import annotations
+
+import os
+import stat
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from collectives import Communicator
+from collectives.shm import ShmUnavailable, attach_segment
+from collectives.shm import segment as segmod
+from collectives.shm.sync import STRIDE, Flags, PeerGone
+from collectives.stall import ENV as STALL_ENV
+from collectives.stall import StallError
+from tests import inproc
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+
+
+@pytest.fixture(autouse=True)
+def _inproc(monkeypatch: pytest.MonkeyPatch) -> None:
+    inproc.register()
+    monkeypatch.setenv("RINGTUNE_ON_ERROR", "raise")
+    monkeypatch.delenv("RINGTUNE_PROFILE", raising=False)
+    monkeypatch.delenv(STALL_ENV, raising=False)
+
+
+def ours() -> set[str]:
+    """This process's segment files in /dev/shm (other jobs' are none of our business)."""
+    return {f for f in os.listdir(segmod.SHM_DIR)
+            if f.startswith("ringtune-") and f"-{os.getpid()}-" in f}
+
+
+@pytest.fixture
+def no_leftovers() -> Iterator[None]:
+    before = ours()
+    yield
+    assert ours() == before, "a segment was left in /dev/shm"
+
+
+def test_segment_is_private_and_unlinked_once_every_rank_mapped(
+        monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:
+    seen: list[tuple[str, int, int]] = []
+    real_open = segmod._open_checked
+
+    def spy(name: str, token: int, total: int) -> int:
+        # While the peers attach, the file exists, is ours, 0600, and holds the token.
+        st = os.stat(os.path.join(segmod.SHM_DIR, name))
+        seen.append((name, stat.S_IMODE(st.st_mode), st.st_uid))
+        return real_open(name, token, total)
+
+    monkeypatch.setattr(segmod, "_open_checked", spy)
+
+    def rank(world: Any) -> tuple[str, int]:
+        seg = attach_segment(world, 4096)
+        seg.data[world.Get_rank()] = 7  # every rank writes the one shared memory
+        world.Barrier()
+        total = int(seg.data[:world.Get_size()].sum())
+        name = seg.name
+        seg.close()
+        return name, total
+
+    out = inproc.run_ranks(3, rank)
+    names = {name for name, _ in out}
+    assert len(names) == 1 and all(total == 21 for _, total in out)
+    name = names.pop()
+    assert name.startswith("ringtune-") and f"-{os.getpid()}-" in name
+    assert len(name.rsplit("-", 1)[1]) == 16  # 64 random bits, hex
+    assert [(m, u) for _, m, u in seen] == [(0o600, os.geteuid())] * 2
+    assert not os.path.exists(os.path.join(segmod.SHM_DIR, name))
+
+
+def test_names_differ_between_communicators(no_leftovers: None) -> None:
+    def rank(world: Any) -> tuple[str, str]:
+        a = attach_segment(world, 64)
+        b = attach_segment(world.Dup(), 64)
+        names = a.name, b.name
+        a.close()
+        b.close()
+        return names
+
+    (a, b), _ = inproc.run_ranks(2, rank)
+    assert a != b
+
+
+def test_an_existing_name_is_never_opened(monkeypatch: pytest.MonkeyPatch,
+                                           no_leftovers: None) -> None:
+    """A file already under the name (a stale one, another user's trap) is left alone and
+    a fresh name taken."""
+    tokens = iter([0x1234, 0x1234, 0x5678])
+    monkeypatch.setattr(segmod.secrets, "randbits", lambda bits: next(tokens))
+    monkeypatch.setattr(segmod, "_SEQUENCE", iter([0, 0, 1]))
+    job = segmod.job_identity()
+    trap = os.path.join(segmod.SHM_DIR, f"ringtune-{job}-{os.getpid()}-0-{0x1234:016x}")
+    with open(trap, "wb") as f:
+        f.write(b"not yours")
+    try:
+        fd, name, token = segmod._create(4096)
+        os.close(fd)
+        os.unlink(os.path.join(segmod.SHM_DIR, name))
+        assert token == 0x5678 and name.endswith(f"{0x5678:016x}")
+        with open(trap, "rb") as f:
+            assert f.read() == b"not yours"
+    finally:
+        os.unlink(trap)
+
+
+@pytest.mark.parametrize("flaw", ["mode", "token", "size", "symlink"])
+def test_a_peer_refuses_a_segment_that_is_not_exactly_ours(flaw: str, tmp_path: Any) -> None:
+    fd, name, token = segmod._create(8192)
+    path = os.path.join(segmod.SHM_DIR, name)
+    header = np.zeros(8, dtype=np.int64)
+    header[:2] = (segmod.MAGIC, token)
+    os.pwrite(fd, header.tobytes(), 0)
+    os.close(fd)
+    target = path
+    try:
+        if flaw == "mode":
+            os.chmod(path, 0o644)
+        elif flaw == "token":
+            token += 1
+        elif flaw == "size":
+            os.truncate(path, 4096)
+        else:
+            link = os.path.join(segmod.SHM_DIR, name + "-link")
+            os.symlink(path, link)
+            target, name = link, name + "-link"
+        with pytest.raises((ShmUnavailable, OSError)):
+            os.close(segmod._open_checked(name, token, 8192))
+    finally:
+        for p in {path, target}:
+            os.unlink(p)
+
+
+def test_too_little_room_is_one_line_with_the_fix(monkeypatch: pytest.MonkeyPatch,
+                                                  no_leftovers: None) -> None:
+    monkeypatch.setattr(segmod, "_free_bytes", lambda path: 1 << 20)
+
+    def rank(world: Any) -> str:
+        try:
+            attach_segment(world, 64 << 20)
+        except ShmUnavailable as exc:
+            return str(exc)
+        return "attached"
+
+    lines = inproc.run_ranks(2, rank)
+    assert lines[0] == lines[1]  # every rank alike, nobody left waiting
+    line = lines[0]
+    assert "\n" not in line and "1.0 MiB free" in line and "--shm-size" in line
+    assert "--ipc=host" in line and "64.0 MiB" in line
+
+
+def test_shm_that_cannot_run_warns_once_and_uses_multiring(
+        monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:
+    monkeypatch.setattr(segmod, "_free_bytes", lambda path: 0)
+    from collectives.algorithms import shm as shm_algo
+
+    monkeypatch.setattr(shm_algo, "_warned", set())
+
+    def rank(world: Any) -> tuple[float, str]:
+        c = Communicator(world)
+        x = np.full(1000, world.Get_rank() + 1, dtype=np.float32)
+        c.allreduce(x, "sum", algorithm="shm", transport="inproc")
+        prepared = c.prepared(x, "sum", algorithm="shm", transport="inproc")
+        return float(x[0]), type(prepared.algo.delegate).__name__
+
+    # The warnings machinery is the process's: record around every rank's thread.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = inproc.run_ranks(3, rank)
+    assert [r[0] for r in out] == [6.0] * 3
+    assert {r[1] for r in out} == {"Multiring"}
+    said = [str(w.message) for w in caught if "shm" in str(w.message)]
+    assert len(said) == 1 and "using multiring instead" in said[0]
+    assert "--shm-size" in said[0]
+
+
+def _flags(size: int, rank: int) -> Flags:
+    return Flags(np.zeros(size * (STRIDE + 1), dtype=np.int64), rank, size, [10, 11, 12])
+
+
+def test_a_wait_is_bounded_and_names_the_rank(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(STALL_ENV, "0.3")
+    flags = _flags(3, 0)
+    flags.register_pid()
+    flags.pids[1] = flags.pids[2] = os.getpid()  # alive: only the timeout ends the wait
+    flags.counters[2] = 5
+    with pytest.raises(StallError) as info:
+        flags.wait_all(5)
+    msg = str(info.value)
+    assert "rank 11" in msg and "rank 12" not in msg and STALL_ENV in msg
+    assert "ringtune: stall:" in capsys.readouterr().err
+
+
+def test_a_dead_peer_is_named_without_waiting_for_the_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(STALL_ENV, "60")
+    flags = _flags(2, 0)
+    flags.register_pid()
+    flags.pids[1] = 2**31 - 2  # no such process
+    with pytest.raises(PeerGone, match=r"rank 11 \(pid 2147483646\) ended"):
+        flags.wait(1, 1)
+
+
+def test_two_communicators_alternate_on_the_same_ranks(no_leftovers: None) -> None:
+    def rank(world: Any) -> list[float]:
+        a, b = Communicator(world), Communicator(world.Dup())
+        out = []
+        for i in range(6):
+            c = (a, b)[i % 2]
+            x = np.arange(5000, dtype=np.float64) * (world.Get_rank() + 1) + i
+            c.allreduce(x, "sum", algorithm="shm", transport="inproc", chunk_bytes=1024)
+            out.append(float(x[4999]))
+        return out
+
+    n = 4
+    results = inproc.run_ranks(n, rank)
+    want = [4999 * n * (n + 1) / 2 + i * n for i in range(6)]
+    assert all(r == want for r in results)
+
+
+def test_a_peer_gone_during_set_up_leaves_nothing(no_leftovers: None) -> None:
+    """Rank 0 created the file; rank 1 fails before it attaches: rank 0's wait for it
+    fails, and the file goes with that failure."""
+
+    def rank(world: Any) -> None:
+        if world.Get_rank() == 1:
+            raise RuntimeError("rank 1 died before attaching")
+        attach_segment(world, 4096)
+
+    with pytest.raises(AssertionError, match="rank 1 died"):
+        inproc.run_ranks(2, rank, timeout=10)
