@@ -65,12 +65,15 @@ class Variable:
     #: tuning mode``), so the early check and the module say the same.
     unknown: str = "value"
 
-    def accepts(self) -> str:
-        """What the variable accepts, in words (the docs' column and the error lines)."""
+    def accepts(self, markdown: bool = False) -> str:
+        """What the variable accepts, in words: for the error lines, or (``markdown``) for
+        the docs' column."""
         if self.kind == "flag":
             return f"{'/'.join(FLAG_ON)} or {'/'.join(FLAG_OFF)}"
         if self.kind == "choice":
-            return " | ".join(self.choices)
+            if markdown:
+                return ", ".join(f"`{c}`" for c in self.choices)
+            return "one of " + ", ".join(self.choices)
         if self.kind in ("int", "float", "seconds"):
             noun = {"int": "an integer", "float": "a number",
                     "seconds": "seconds"}[self.kind]
@@ -279,7 +282,8 @@ def markdown_rows() -> str:
     """The rows docs/environment.md has for the table, one per variable."""
     lines = ["| name | accepts | what it does | default |", "|---|---|---|---|"]
     for v in VARIABLES:
-        lines.append(f"| `{v.name}` | {v.accepts()} | {v.meaning} | {v.default} |")
+        lines.append(f"| `{v.name}` | {v.accepts(markdown=True)} | {v.meaning} | "
+                     f"{v.default} |")
     return "\n".join(lines) + "\n"
 
 
