@@ -15,13 +15,24 @@ class TuneOutLock:
     lock file removed) at close; a killed job releases it with its last descriptor."""
 
     def __init__(self, path: str) -> None:
-        self.path = os.path.abspath(path) + ".lock"
+        from probes.outfile import OutputError, target_of
+
+        # Beside what is written (a symlink's target: two links to one file share the
+        # lock); a device or FIFO is written through, not replaced: no lock, and no
+        # FILE.lock created in /dev.
+        try:
+            real, self._through = target_of(path, "")
+        except OutputError:  # refused when written; the lock's own error comes first
+            real, self._through = os.path.abspath(path), False
+        self.path = os.path.abspath(real) + ".lock"
         self._fd: int | None = None
 
     def acquire(self) -> None:
         """``ValueError`` naming the file and the holder when another job holds it."""
         from ..lockfile import LockBusy, take
 
+        if self._through:
+            return
         try:
             fd = take(self.path, f"pid {os.getpid()}")
         except OSError as exc:

@@ -230,3 +230,29 @@ def test_read_only_file_is_kept(tmp_path: Path) -> None:
     with pytest.raises(OutputError, match="read-only; make it writable"):
         write_text_atomic(out, "x\n")
     assert out.read_text() == "keep\n"
+
+
+def test_online_tuning_lock_sits_beside_the_target_and_never_in_dev(tmp_path: Path) -> None:
+    """RINGTUNE_TUNE_OUT's lock (collectives/online/lock.py): beside a link's target, so two
+    links to one file share it; none for a FIFO or device, which are written through."""
+    from collectives.online.lock import TuneOutLock
+
+    real_dir = tmp_path / "real"
+    real_dir.mkdir()
+    link = tmp_path / "link.yaml"
+    link.symlink_to(real_dir / "p.yaml")
+    (real_dir / "p.yaml").write_text("x\n")
+    lock = TuneOutLock(str(link))
+    lock.acquire()
+    try:
+        assert (real_dir / "p.yaml.lock").exists() and not (tmp_path / "link.yaml.lock").exists()
+        with pytest.raises(ValueError, match="is being written by another job"):
+            TuneOutLock(str(real_dir / "p.yaml")).acquire()
+    finally:
+        lock.release()
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    through = TuneOutLock(str(fifo))
+    through.acquire()
+    through.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.yaml", "pipe", "real"]
