@@ -157,7 +157,10 @@ class Driver:
                 # so it is queued again (the watchdog marks real timeouts FAIL itself).
                 self.study.set_user_attr("interrupted_trials",
                                          self.study.user_attrs.get("interrupted_trials", 0) + 1)
-                self.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+                # Optuna has no public way to mark a trial another process left RUNNING
+                # (checked on optuna 5.1.0): its storage, by the trial's id.
+                self.study._storage.set_trial_user_attr(  # noqa: SLF001
+                    t._trial_id, "interrupted", True)  # noqa: SLF001
                 self.study.tell(t.number, state=TrialState.FAIL)
                 if t.params:
                     self.study.enqueue_trial(dict(t.params), skip_if_exists=False)

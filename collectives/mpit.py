@@ -106,7 +106,10 @@ class _Mpit:
                             f"returned {rc})")
         return idx.value
 
-    def _handle(self, name: str) -> tuple[Any, int]:
+    def handle(self, name: str) -> tuple[Any, int]:
+        """The MPI_T handle of control variable ``name`` (allocated once, kept) and its
+        element count: for reading or writing it through ``lib`` directly, as a per-call
+        ``Selector`` does without a lookup."""
         if name not in self._handles:
             idx = self.index(name)
             new, num = ctypes.c_void_p(), ctypes.c_int()
@@ -118,20 +121,20 @@ class _Mpit:
         return handle, count
 
     def read_int(self, name: str) -> int:
-        handle, _ = self._handle(name)
+        handle, _ = self.handle(name)
         val = ctypes.c_int()
         self._check(self.lib.MPI_T_cvar_read(handle, ctypes.byref(val)), "MPI_T_cvar_read",
                     name)
         return val.value
 
     def read_str(self, name: str) -> str:
-        handle, count = self._handle(name)
+        handle, count = self.handle(name)
         buf = ctypes.create_string_buffer(max(count, 1) + 1)
         self._check(self.lib.MPI_T_cvar_read(handle, buf), "MPI_T_cvar_read", name)
         return buf.value.decode("utf-8", "replace")
 
     def write_int(self, name: str, value: int) -> None:
-        handle, _ = self._handle(name)
+        handle, _ = self.handle(name)
         val = ctypes.c_int(value)
         self._check(self.lib.MPI_T_cvar_write(handle, ctypes.byref(val)), "MPI_T_cvar_write",
                     name)
@@ -169,7 +172,7 @@ class Selector:
                 raise MpitError(why)
         self._mpit = mpit
         self._value = value
-        self._handle, _ = mpit._handle(cvar)
+        self._handle, _ = mpit.handle(cvar)
         self._new = ctypes.c_int(value)
         self._old = ctypes.c_int()
         self._read = mpit.lib.MPI_T_cvar_read

@@ -94,7 +94,9 @@ DELEGATED: tuple[str, ...] = (
     "monitored_barrier",
 )
 
-_C10D_BACKEND: Any = torch._C._distributed_c10d.Backend
+# The C++ backend class a Python backend must subclass before torch 2.14 (a whole
+# ``ProcessGroup`` there): no public name for it (checked on torch 2.13.0 and 2.14.1).
+_C10D_BACKEND: Any = torch._C._distributed_c10d.Backend  # noqa: SLF001
 #: How many ringtune backends this process has made (``RingtuneBackendMixin._setup``).
 _CREATIONS = itertools.count()
 _registered = False
@@ -277,7 +279,8 @@ class RingtuneBackendMixin:
             raise ValueError(f"rank {self._rank}: a CUDA tensor reached the ringtune backend "
                              "but CUDA is not available in this process")
         opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = self._timeout
+        # ``ProcessGroupNCCL.Options`` has no public timeout (torch 2.14.1).
+        opts._timeout = self._timeout  # noqa: SLF001
         return dist.ProcessGroupNCCL(dist.PrefixStore(f"{self._keys}/{role}/cuda", self._store),
                                      self._rank, self._size, opts)
 

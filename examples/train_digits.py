@@ -138,12 +138,14 @@ def capped_ddp(model: nn.Module, bucket_cap_mb: float = 25.0, **kwargs: Any) -> 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    first = dist._DEFAULT_FIRST_BUCKET_BYTES
-    dist._DEFAULT_FIRST_BUCKET_BYTES = min(first, int(bucket_cap_mb * 1024 * 1024))
+    # DDP has no argument for its first bucket's size: the module constant is the only way
+    # (checked on torch 2.13.0 and 2.14.1).
+    first = dist._DEFAULT_FIRST_BUCKET_BYTES  # noqa: SLF001
+    dist._DEFAULT_FIRST_BUCKET_BYTES = min(first, int(bucket_cap_mb * 1024 * 1024))  # noqa: SLF001
     try:
         return DDP(model, bucket_cap_mb=bucket_cap_mb, **kwargs)
     finally:
-        dist._DEFAULT_FIRST_BUCKET_BYTES = first
+        dist._DEFAULT_FIRST_BUCKET_BYTES = first  # noqa: SLF001
 
 
 def wrap(model: nn.Module, hook: str, comm: Any = None, bucket_cap_mb: float = 25.0,

@@ -61,7 +61,7 @@ def one_line_warnings() -> None:
     warnings (``warnings.catch_warnings(record=True)``) are not affected."""
     import warnings
 
-    if getattr(warnings.showwarning, "_ringtune_one_line", False):
+    if getattr(warnings.showwarning, "ringtune_one_line", False):
         return  # main() again in this process: one layer, not one per call
     python_format = warnings.showwarning
     own = tuple(f"{os.sep}{pkg}{os.sep}" for pkg in _OWN_PACKAGES)
@@ -79,5 +79,5 @@ def one_line_warnings() -> None:
         except OSError:
             pass  # stderr gone (a closed pipe): as Python's own showwarning does
 
-    show._ringtune_one_line = True  # type: ignore[attr-defined]
+    show.ringtune_one_line = True  # type: ignore[attr-defined]
     warnings.showwarning = show

@@ -87,11 +87,13 @@ def worker_safe(tensors: Sequence[Any]) -> Iterator[None]:
     ``_use_count()`` each when the worker is done already; the wait is bounded by
     ``LET_GO_S``."""
     keep = [t.view(t.shape) for t in tensors]
-    alone = [t._use_count() for t in tensors]  # this thread's references, the views' too
+    # torch has no public reference count: ``_use_count`` is the only way to see that the
+    # gloo worker dropped its references (checked on torch 2.13.0 and 2.14.1).
+    alone = [t._use_count() for t in tensors]  # noqa: SLF001 - see above
     yield  # an exception leaves at once: the job is ending on an error anyway
     deadline = time.monotonic() + LET_GO_S
-    while any(t._use_count() > n for t, n in zip(tensors, alone)) \
-            and time.monotonic() < deadline:
+    while (any(t._use_count() > n for t, n in zip(tensors, alone))  # noqa: SLF001
+           and time.monotonic() < deadline):
         time.sleep(0)  # frees the GIL and the core for the worker
     del keep
 
@@ -161,12 +163,14 @@ def _timeout_of(group: Any) -> datetime.timedelta | float:
     if hasattr(group, "_get_backend"):
         for dev in ("cpu", "cuda"):
             try:
-                backend = group._get_backend(torch.device(dev))
+                # No public way to the backend object that holds its options (its
+                # timeout): ``_get_backend`` (checked on torch 2.13.0 and 2.14.1).
+                backend = group._get_backend(torch.device(dev))  # noqa: SLF001
                 break
             except (RuntimeError, ValueError):
                 continue
     try:
-        found = backend.options._timeout
+        found = backend.options._timeout  # noqa: SLF001 - torch 2.14.1: no public one
     except (AttributeError, RuntimeError):
         return DEFAULT_TIMEOUT_S
     return found if isinstance(found, datetime.timedelta) else DEFAULT_TIMEOUT_S
@@ -316,15 +320,17 @@ class TorchComm:
         arr = recvbuf[0] if isinstance(recvbuf, (list, tuple)) else recvbuf
         if isinstance(sendbuf, np.ndarray) and sendbuf is not arr:
             arr[...] = sendbuf
-        self._reduce_host(arr, _op_name(op))
+        self.reduce_host(arr, _op_name(op))
 
     def allreduce(self, value: Any, op: Any = "sum") -> Any:
         """mpi4py's lower-case ``allreduce`` of a number or a host array (a new result)."""
         arr = np.array(value, copy=True)
-        self._reduce_host(arr.reshape(-1) if arr.ndim else arr.reshape(1), _op_name(op))
+        self.reduce_host(arr.reshape(-1) if arr.ndim else arr.reshape(1), _op_name(op))
         return arr.item() if np.ndim(value) == 0 else arr
 
-    def _reduce_host(self, arr: np.ndarray, op: str) -> None:
+    def reduce_host(self, arr: np.ndarray, op: str) -> None:
+        """Allreduce the host array ``arr`` in place with ``op`` over the group (on its
+        device: gloo's CPU or NCCL's GPU): the engine's ``allreduce_array`` (timings)."""
         if self.size == 1:
             self._check_live()
             return
@@ -405,7 +411,8 @@ class TorchComm:
                                                   rank, size, self.timeout)
         if self.backends.get("cuda") == "nccl":
             opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = self.timeout
+            # ``ProcessGroupNCCL.Options`` has no public timeout (torch 2.14.1).
+            opts._timeout = self.timeout  # noqa: SLF001
             groups["cuda"] = dist.ProcessGroupNCCL(dist.PrefixStore(f"{prefix}/cuda", store),
                                                    rank, size, opts)
         if not groups:
@@ -435,7 +442,8 @@ class TorchComm:
         if dist.is_initialized():
             from torch.distributed import distributed_c10d
 
-            self._store = distributed_c10d._get_default_store()
+            # The default group's store has no public getter (torch 2.14.1).
+            self._store = distributed_c10d._get_default_store()  # noqa: SLF001
             return self._store
         raise ValueError(
             f"rank {self.rank}: a sub-group of this process group needs a store (there is no "
@@ -499,7 +507,7 @@ class TorchEngine(Engine):
         return "torch"
 
     def allreduce_array(self, comm: Any, arr: np.ndarray, op: str) -> None:
-        comm._reduce_host(arr, op)
+        comm.reduce_host(arr, op)
 
     def describe(self, comm: Any) -> dict[str, str]:
         return {"engine": self.name, "backend": describe_backends(comm.backends)}
@@ -526,7 +534,8 @@ def missing_torch_feature() -> str | None:
     without an active exception``)."""
     import torch
 
-    c10d = getattr(torch._C, "_distributed_c10d", None)
+    # The feature is on the C++ class; torch._C is where it is (checked on torch 2.14.1).
+    c10d = getattr(torch._C, "_distributed_c10d", None)  # noqa: SLF001
     if c10d is not None and callable(getattr(c10d.ProcessGroup, "shutdown", None)):
         return None
     return (f"torch {torch.__version__} has no ProcessGroup.shutdown (destroy_process_group "
