@@ -25,7 +25,7 @@ def default_storage(out: str) -> str:
 def power_of_4_buckets(min_bytes: int, max_bytes: int) -> list[int]:
     """Powers of 4 from ``min_bytes`` (rounded up to one) to ``max_bytes``."""
     if min_bytes < 1 or max_bytes < min_bytes:
-        raise ValueError(f"--min-bytes ({min_bytes}) must be ≥ 1 and ≤ --max-bytes "
+        raise ValueError(f"-b/--minbytes ({min_bytes}) must be ≥ 1 and ≤ -e/--maxbytes "
                          f"({max_bytes})")
     b = 1
     while b < min_bytes:
@@ -35,7 +35,7 @@ def power_of_4_buckets(min_bytes: int, max_bytes: int) -> list[int]:
         out.append(b)
         b *= 4
     if not out:
-        raise ValueError(f"no power of 4 between --min-bytes {min_bytes} and --max-bytes "
+        raise ValueError(f"no power of 4 between -b/--minbytes {min_bytes} and -e/--maxbytes "
                          f"{max_bytes}; widen the range or give --buckets")
     return out
 

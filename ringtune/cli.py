@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from . import __version__
 from .errors import CommandFailed, UsageError, one_line_warnings, report_error
@@ -34,7 +35,19 @@ COMMANDS: dict[str, str] = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr (from rank 0) and exit code 2."""
+    """argparse, but a usage error is one line on stderr (from rank 0) and exit code 2.
+    It keeps, in public, what the unknown-flag line needs: its flags (``flags``) and, for
+    the top-level parser, each verb's parser (``verbs``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.flags: list[str] = []  # before argparse adds -h through add_argument
+        self.verbs: dict[str, argparse.ArgumentParser] = {}
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.flags.extend(action.option_strings)
+        return action
 
     def error(self, message: str) -> None:  # type: ignore[override]
         # No "ringtune:" here: report_error prints the one "ringtune: error:" prefix.
@@ -48,29 +61,19 @@ class _Parser(argparse.ArgumentParser):
         with the closest flag it has (``unknown_flag``)."""
         ns, extras = self.parse_known_args(args, namespace)
         if extras:
-            raise UsageError(unknown_flag(_verb_parser(self, ns) or self, extras))
+            verb = self.verbs.get(getattr(ns, "verb", None) or "", self)
+            raise UsageError(unknown_flag(verb.prog, getattr(verb, "flags", []), extras))
         return ns
 
 
-def _verb_parser(parser: argparse.ArgumentParser,
-                 ns: argparse.Namespace) -> argparse.ArgumentParser | None:
-    """The sub-command parser that parsed ``ns`` (``None`` when there is none)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            found = action.choices.get(getattr(ns, action.dest, None) or "")
-            return found if isinstance(found, argparse.ArgumentParser) else None
-    return None
-
-
-def unknown_flag(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
-    """One line for arguments ``parser`` (a verb's) does not take: the first unknown flag,
-    the verb's closest flag to it (``difflib``: a typo, ``--budjet``, or another verb's
-    spelling, ``--algorithm``), and where the verb's usage is."""
-    known = [s for action in parser._actions for s in action.option_strings]
+def unknown_flag(prog: str, known: Sequence[str], extras: Sequence[str]) -> str:
+    """One line for arguments the verb ``prog`` (whose flags are ``known``) does not take:
+    the first unknown flag, the verb's closest flag to it (``difflib``: a typo,
+    ``--budjet``, or another verb's spelling, ``--algorithms``), and where its usage is."""
     flags = [x for x in extras if x.startswith("-") and not _is_number(x)]
-    usage = f"(usage: `{parser.prog} --help`)"
+    usage = f"(usage: `{prog} --help`)"
     if not flags:
-        return f"`{parser.prog}` takes no argument {extras[0]!r} here {usage}"
+        return f"`{prog}` takes no argument {extras[0]!r} here {usage}"
     name = flags[0].split("=", 1)[0]
     # Compared without the dashes, which would make any two long flags look alike; a
     # flag one is the start of the other (`--algorithms`, `--algo`) is close too.
@@ -80,7 +83,7 @@ def unknown_flag(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
         k for k in bare if min(len(k), len(word)) >= 3 and
         (k.startswith(word) or word.startswith(k))][:1]
     meant = f": did you mean {bare[close[0]]}?" if close else ""
-    return f"`{parser.prog}` has no flag {name}{meant} {usage}"
+    return f"`{prog}` has no flag {name}{meant} {usage}"
 
 
 def _is_number(text: str) -> bool:
@@ -107,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(verb, help=mod.HELP, description=mod.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
+        parser.verbs[verb] = p
         bound_numbers(p)
         p.set_defaults(_run=mod.run)
     return parser

@@ -29,8 +29,11 @@ _HEADER = """\
 
 Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input (one line on stderr,
 printed once, by rank 0). `bench` and `tune` started without a launcher launch themselves
-under the installed MPI's `mpiexec` (`-np N`). Environment variables:
-[environment.md](environment.md).
+under the installed MPI's `mpiexec` (`-np N`; `probe -np N` too). A flag has one spelling
+on every verb that takes its idea, nccl-tests' where it has one (`-b/--minbytes`,
+`-e/--maxbytes`, `-f/--stepfactor`, `-d/--datatype`, `-o/--op`, `-n/--iters`,
+`-w/--warmup_iters`, `-c/--check`, `--algo`); a former spelling still works and is listed
+as an alias. Environment variables: [environment.md](environment.md).
 
 """
 
@@ -65,7 +68,9 @@ def _cell(text: str) -> str:
 
 
 def _help(action: argparse.Action) -> str:
-    text = action.help or ""
+    from ringtune.flags import plain_help
+
+    text = plain_help(action)
     if "%" in text:
         params = dict(vars(action), prog="ringtune")
         if params.get("choices") is not None:
@@ -94,6 +99,18 @@ def _argument(action: argparse.Action) -> str:
     return meta
 
 
+def _flags(action: argparse.Action) -> str:
+    """The flag column: its spellings, then its aliases (former spellings) marked so."""
+    from ringtune.flags import aliases_of
+
+    old = aliases_of(action)
+    names = [s for s in action.option_strings if s not in old]
+    text = ", ".join(f"`{s}`" for s in names) or f"`{action.dest}`"
+    if old:
+        text += " (alias " + ", ".join(f"`{s}`" for s in old) + ")"
+    return text
+
+
 def _verbs(parser: argparse.ArgumentParser) -> dict[str, tuple[str, argparse.ArgumentParser]]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -117,7 +134,7 @@ def render(parser: argparse.ArgumentParser) -> str:
         for action in sub._actions:
             if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
                 continue
-            flags = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.dest}`"
+            flags = _flags(action)
             arg = _argument(action)
             out.append(f"| {flags} | {_cell(f'`{arg}`') if arg else ''} | "
                        f"{_cell(_help(action))} |\n")

@@ -17,43 +17,46 @@ from typing import Any
 
 from ..engine import add_engine_argument, close_world, engine_world, resolve_engine
 from ..errors import UsageError
+from ..flags import (
+    add,
+    add_datatype,
+    add_iters,
+    add_op,
+    add_ranks,
+    add_size_range,
+    add_stepfactor,
+)
 from ..launch import check_ranks, default_ranks, relaunch, under_mpiexec
 
 HELP = "nccl-tests-style allreduce benchmark (one algorithm, native, or a profile)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--algo", metavar="NAME", help="algorithm to time (default: what the "
-                   "profile, or the built-in defaults, pick per size)")
+    add(p, "--algo", metavar="NAME", help="the one algorithm to time (default: what the "
+        "profile, or the built-in defaults, pick per size)")
     p.add_argument("--param", metavar="K=V", action="append", default=[],
                    help="algorithm parameter, repeatable (e.g. rings=2 chunk_bytes=1M "
                    "order=identity)")
     p.add_argument("--profile", metavar="FILE", help="time the profile's choice per size")
     p.add_argument("--transport", metavar="NAME", help="transport (mpi | staged | nccl)")
-    p.add_argument("-b", "--minbytes", default="8", help="smallest size (default 8)")
-    p.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")
-    p.add_argument("-f", "--stepfactor", type=float, default=2.0,
-                   help="size multiplication factor (default 2)")
-    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warm-up iterations")
-    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations")
+    add_size_range(p, "8", "64M")
+    add_stepfactor(p, 2.0)
+    add(p, "-w", "--warmup_iters", type=int, default=5, metavar="N",
+        help="warm-up iterations (default 5)")
+    add_iters(p, 20)
     p.add_argument("--timing", default="per-iter", choices=("per-iter", "back-to-back"),
                    help="per-iter: median of the slowest rank's time per barrier-started "
                    "iteration (default); back-to-back: total time / iterations averaged "
                    "over ranks, as nccl-tests' all_reduce_perf reports")
-    p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1),
-                   help="check results (#wrong), 1 = yes (default)")
-    p.add_argument("-d", "--datatype", default="float32",
-                   help="float16 | float32 | float64 | int32 | int64 (bfloat16 on GPU)")
-    p.add_argument("-o", "--op", default="sum", help="sum | prod | min | max | avg")
+    add(p, "-c", "--check", type=int, default=1, choices=(0, 1), metavar="0|1",
+        help="check results (#wrong): 1 = yes (default), 0 = no")
+    add_datatype(p)
+    add_op(p)
     p.add_argument("-G", "--gpu", action="store_true",
                    help="benchmark GPU buffers (CuPy backend)")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="write the rows as JSON (to FILE, or stdout instead of the table)")
-    p.add_argument("-np", type=int, metavar="N", dest="np",
-                   help="ranks to launch when not started under mpiexec (at least 1; more "
-                   "than 4 per CPU core needs --oversubscribe)")
-    p.add_argument("--oversubscribe", action="store_true",
-                   help="allow -np above 4 ranks per CPU core")
+    add_ranks(p)
     add_engine_argument(p)
 
 
@@ -92,9 +95,9 @@ def _validate(args: argparse.Namespace) -> tuple[list[int], dict[str, Any]]:
     if args.algo is not None and args.profile is not None:
         raise UsageError("give either --algo or --profile, not both")
     if args.datatype not in DTYPES + ("bfloat16",):
-        raise UsageError(f"-d {args.datatype}: use one of {', '.join(DTYPES)}")
+        raise UsageError(f"-d/--datatype {args.datatype}: use one of {', '.join(DTYPES)}")
     if args.op not in OPS:
-        raise UsageError(f"-o {args.op}: use one of {', '.join(OPS)}")
+        raise UsageError(f"-o/--op {args.op}: use one of {', '.join(OPS)}")
     check_ranks(args.np, args.oversubscribe)
     if args.iters < 1 or args.warmup_iters < 0:
         raise UsageError("-n must be ≥ 1 and -w ≥ 0")

@@ -2,6 +2,7 @@
 measure the links between ranks, print a summary and write it as YAML or JSON.
 
     ringtune probe                          # this process alone (no mpiexec needed)
+    ringtune probe -np 4 --measure          # launches 4 ranks itself; rank 0 prints
     mpiexec -n 4 ringtune probe --measure   # all ranks; rank 0 prints
     ringtune probe --out topo.yaml          # save it (JSON with --json or a .json name)
     ringtune probe --topology topo.yaml     # show a saved or hand-written topology
@@ -14,7 +15,12 @@ the file and the key.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any
+
+from ..engine import add_engine_argument
+from ..flags import add_iters, add_ranks
 
 HELP = "detect the topology (GPUs, PCIe, NVLink, NUMA, NICs, ranks), print it, save it"
 
@@ -32,10 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "$RINGTUNE_TOPOLOGY)")
     parser.add_argument("--measure-bytes", metavar="N", type=_size, default=1 << 22,
                         help="message size of the bandwidth measurement (default 4M)")
-    parser.add_argument("--repetitions", metavar="N", type=int, default=5,
-                        help="timed ping-pongs per pair; the median is kept (default 5)")
-    from ringtune.engine import add_engine_argument
-
+    add_iters(parser, 5, "timed ping-pongs per pair of ranks; the median is kept",
+              aliases=["--repetitions"], dest="repetitions")
+    add_ranks(parser)
     add_engine_argument(parser)
 
 
@@ -53,13 +58,19 @@ def _size(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from ringtune.errors import UsageError
-    from ringtune.launch import under_mpiexec
+    from ringtune.launch import check_ranks, relaunch, under_mpiexec
 
     if args.repetitions < 1:
-        raise UsageError(f"--repetitions: expected at least 1, got {args.repetitions}")
+        raise UsageError(f"-n/--iters: expected at least 1, got {args.repetitions}")
     from ringtune.engine import close_world, engine_world, resolve_engine
 
+    check_ranks(args.np, args.oversubscribe)
     engine = resolve_engine(args)
+    if (engine == "mpi" and args.np is not None and args.np > 1 and not under_mpiexec()
+            and not os.environ.get("RINGTUNE_LAUNCHED")):
+        # -np N: every rank probes (the rank layout; --measure: every pair's links), as
+        # under `mpiexec -n N`; without it, this process alone, no MPI needed.
+        return relaunch(getattr(args, "_argv", sys.argv[1:]), args.np, args.oversubscribe)
     if engine == "torch" and args.measure:
         raise UsageError("--measure is not supported with --engine torch yet (its "
                          "ping-pongs are MPI's): measure under mpiexec, or drop --measure")

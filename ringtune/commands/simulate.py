@@ -7,6 +7,11 @@ seconds per step, overlap fraction), the predicted weak-scaling efficiency from 
 to the cluster's size. ``--json`` writes the same as JSON, ``--report DIR`` a PNG plot and
 the tables as Markdown. Runs in one process; nothing is measured.
 
+Its ``native`` is the cluster file's ``native_model``: ``best`` (every shipped cluster
+file) is an idealised allreduce, the better of recursive doubling and halving-doubling at
+each size with this cluster's links, what a well-tuned library approaches; it is not
+NCCL's or an MPI library's own selection, which ``ringtune bench --algo native`` measures.
+
   ringtune simulate --cluster profiles/clusters/dgx-h100-128.yaml -b 1K -e 512M -f 2 \\
       --workload profiles/clusters/workloads/resnet50-p100.yaml
 """
@@ -19,21 +24,22 @@ import os
 import sys
 from typing import Any
 
-HELP = "predict allreduce time and scaling on a described cluster (cost model)"
+from ..flags import add_algos, add_size_range, add_stepfactor, algo_list
+
+HELP = ("predict allreduce time and scaling on a described cluster (cost model; its "
+        "native is an idealised allreduce, not NCCL or MPI)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", metavar="FILE", required=True,
                    help="cluster description (YAML, see profiles/clusters/)")
-    p.add_argument("-b", "--minbytes", default="1K", help="smallest size (default 1K)")
-    p.add_argument("-e", "--maxbytes", default="256M", help="largest size (default 256M)")
-    p.add_argument("-f", "--stepfactor", type=float, default=4.0,
-                   help="size multiplication factor (default 4)")
+    add_size_range(p, "1K", "256M")
+    add_stepfactor(p, 4.0)
     p.add_argument("--workload", metavar="FILE",
                    help="training step (YAML: gradient_bytes, compute_seconds, overlap): "
                    "adds the predicted scaling efficiency from 1 host to the cluster")
-    p.add_argument("--algo", metavar="NAME", action="append",
-                   help="only these algorithms (repeatable; default: all the model knows)")
+    add_algos(p, "only these algorithms of the cost model (native: an idealised "
+              "allreduce, see above)")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="write the results as JSON (to FILE, or stdout instead of the tables)")
     p.add_argument("--report", metavar="DIR", help="write simulate.png and simulate.md here")
@@ -74,7 +80,8 @@ def simulate(cluster: Any, sizes: list[int], workload: Any = None,
                                 "bandwidth_gbs": lv.bandwidth_gbs,
                                 "latency_us": lv.latency_us,
                                 "links_per_rank": lv.links_per_rank, "shared": lv.shared}
-                               for lv in cluster.levels]},
+                               for lv in cluster.levels],
+                    "native_model": cluster.native_model},
         "sizes": rows,
     }
     if workload is not None:
@@ -111,6 +118,16 @@ def _fmt_size(n: int) -> str:
     return str(n)
 
 
+def native_note(native_model: str) -> str:
+    """What ``native`` is in the tables: the model's, not a library's measured allreduce."""
+    if native_model == "best":
+        return ("# native = an idealised allreduce (the better of recursive doubling and "
+                "halving-doubling per size on these links), not NCCL's or an MPI library's "
+                "own; `ringtune bench --algo native` measures a real one.")
+    return (f"# native = {native_model}'s own selection as the cost model describes it "
+            "(collectives/natives), predicted, not measured.")
+
+
 def tables(result: dict[str, Any]) -> list[str]:
     c = result["cluster"]
     levels = " x ".join(f"{lv['name']} {lv['size']}" for lv in c["levels"])
@@ -143,6 +160,7 @@ def tables(result: dict[str, Any]) -> list[str]:
                          + f"   {b['config']} ({b['allreduce_ms']:.2f})")
     lines.append("# * = fastest at that size. Predicted by the alpha-beta model "
                  "(autotune/model.py), not measured.")
+    lines.append(native_note(c.get("native_model", "best")))
     return lines
 
 
@@ -242,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
     if not sizes:
         raise UsageError("simulate: no positive sizes between -b and -e")
     known = model_algorithms()
-    algos = tuple(args.algo) if args.algo else known
+    algos = tuple(algo_list(args.algo) or known)
     unknown = [a for a in algos if a not in known]
     if unknown:
         raise UsageError(f"--algo {unknown[0]}: the cost model knows {', '.join(known)}")

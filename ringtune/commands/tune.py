@@ -7,7 +7,7 @@ buckets are not searched again; --fresh starts over.
 
 examples:
   ringtune tune --out profiles/local.yaml
-  ringtune tune -np 4 --min-bytes 64K --max-bytes 16M --trials 20 --report report/
+  ringtune tune -np 4 -b 64K -e 16M --trials 20 --report report/
   ringtune tune --backend cupy --out profiles/gpu.yaml     # GPU buffers, transports searched
 """
 
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..engine import add_engine_argument, close_world, engine_world, resolve_engine
 from ..errors import CommandFailed, UsageError
+from ..flags import add_algos, add_datatype, add_op, add_ranks, add_size_range, algo_list
 
 if TYPE_CHECKING:
     from autotune.records import TuneOptions
@@ -35,13 +36,9 @@ DEFAULT_TRIAL_TIMEOUT_S = 120.0
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=DEFAULT_OUT, metavar="FILE",
                    help=f"profile to write (default: {DEFAULT_OUT})")
-    p.add_argument("--min-bytes", default="1K", metavar="SIZE",
-                   help="smallest bucket (default 1K; K/M/G suffixes)")
-    p.add_argument("--max-bytes", default="64M", metavar="SIZE",
-                   help="largest bucket (default 64M)")
+    add_size_range(p, "1K", "64M", "bucket", aliases=(["--min-bytes"], ["--max-bytes"]))
     p.add_argument("--buckets", default=None, metavar="LIST",
-                   help="comma-separated bucket sizes instead of powers of 4 from --min-bytes "
-                        "to --max-bytes")
+                   help="comma-separated bucket sizes instead of powers of 4 from -b to -e")
     p.add_argument("--trials", type=int, default=DEFAULT_TRIALS, metavar="N",
                    help=f"candidates measured per bucket at most (default {DEFAULT_TRIALS})")
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS",
@@ -59,14 +56,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"rules it out; default {DEFAULT_TRIAL_TIMEOUT_S:g}, 0 = off)")
     p.add_argument("--margin", type=float, default=0.03,
                    help="a non-native choice must beat native by this fraction (default 0.03)")
-    p.add_argument("--algorithms", default=None, metavar="LIST",
-                   help="comma-separated algorithms to search (default: all registered)")
+    add_algos(p, "algorithms to search",
+              aliases=["--algorithms"], dest="algorithms")
     p.add_argument("--backend", default="auto", metavar="NAME",
                    help="where the tuned buffers live: numpy (host), cupy (GPU; also searches "
                         "the GPU transports every rank can use), a plug-in's backend, or auto "
                         "(default: cupy when rank 0 has a GPU transport, else numpy)")
-    p.add_argument("--dtype", default="float32", help="element type tuned (default float32)")
-    p.add_argument("--op", default="sum", help="reduction op tuned (default sum)")
+    add_datatype(p, aliases=["--dtype"], what="element type tuned")
+    add_op(p, what="reduction op tuned")
     p.add_argument("--workload", default=None, metavar="FILE",
                    help="also search allreduce_many's bucket size (profile key fusion) on "
                         "the gradient tensor sizes (tensor_bytes) of this workload file")
@@ -81,11 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", default=None, metavar="LIST",
                    help="also tune these job shapes (rank counts, e.g. 1,2,4: the first N "
                         "ranks of the allocation) into sections of the one profile")
-    p.add_argument("-np", dest="np", type=int, default=None, metavar="N",
-                   help="ranks to launch when started without mpiexec (at least 1; more "
-                   "than 4 per CPU core needs --oversubscribe)")
-    p.add_argument("--oversubscribe", action="store_true",
-                   help="allow -np above 4 ranks per CPU core")
+    add_ranks(p)
     add_engine_argument(p)
 
 
@@ -114,16 +107,16 @@ def _options(args: argparse.Namespace) -> TuneOptions:
     if not 0 <= args.margin < 1:
         raise UsageError(f"--margin must be in [0, 1), got {args.margin:g}")
     if args.dtype not in DTYPES:
-        raise UsageError(f"--dtype {args.dtype!r}: use one of {', '.join(DTYPES)}")
+        raise UsageError(f"-d/--datatype {args.dtype!r}: use one of {', '.join(DTYPES)}")
     if args.op not in OPS:
-        raise UsageError(f"--op {args.op!r}: use one of {', '.join(OPS)}")
+        raise UsageError(f"-o/--op {args.op!r}: use one of {', '.join(OPS)}")
     check_writable(args.out)
     if args.report and os.path.exists(args.report) and not os.path.isdir(args.report):
         raise UsageError(f"--report {args.report}: exists and is not a folder")
     backend = getattr(args, "backend", "auto")
     if backend == "cupy":
         _check_cupy_here()
-    algorithms = [a.strip() for a in args.algorithms.split(",")] if args.algorithms else None
+    algorithms = algo_list(args.algorithms)
     if algorithms:
         from autotune.space import searchable
 

@@ -241,7 +241,9 @@ def test_a_timed_out_candidate_that_passes_on_retry_is_measured(tmp_path: Any) -
 
 @pytest.mark.parametrize("args, needle", [
     (["--out", "/proc/version/p.yaml"], "/proc/version/p.yaml: cannot write profile"),
-    (["--min-bytes", "64M", "--max-bytes", "1K"], "--min-bytes"),
+    (["--min-bytes", "64M", "--max-bytes", "1K"], "--minbytes"),
+    (["-b", "64M", "-e", "1K"], "-b/--minbytes (67108864) must be ≥ 1 and ≤ -e/--maxbytes"),
+    (["--algo", "native", "--algo", "warp"], "unknown algorithm 'warp'"),
     (["--algorithms", "native,warp"], "unknown algorithm 'warp'"),
     (["--trials", "0"], "--trials"),
     (["--sampler", "cmaes"], "--sampler"),

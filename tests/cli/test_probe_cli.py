@@ -92,3 +92,15 @@ def test_probe_measure_under_mpiexec(tmp_path: Path) -> None:
     topo = probes.load_topology(out)
     assert topo.world_size == 2 and topo.links is not None
     assert topo.links.bandwidth_gbps[0][1] and topo.links.bandwidth_gbps[0][1] > 0
+
+
+def test_probe_np_launches_its_own_ranks(tmp_path: Path) -> None:
+    """``ringtune probe -np 2`` (the README's): the same as under ``mpiexec -n 2``, the
+    launcher started by ringtune itself; ``-n`` is the repetitions' nccl-tests name."""
+    out = tmp_path / "m.yaml"
+    proc = _run(["probe", "-np", "2", "--measure", "--measure-bytes", "16K", "-n", "2",
+                 "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("ringtune probe:") == 1  # rank 0 prints
+    assert "measured bandwidth GB/s (16384 B messages, median of 2)" in proc.stdout
+    assert probes.load_topology(out).world_size == 2

@@ -4,15 +4,17 @@ flag and its usage, in one line (exit 2): not argparse's top-level ``unrecognize
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from ringtune.cli import main
+from ringtune.cli import build_parser, main
 
 
 @pytest.mark.parametrize("argv,meant", [
     (["tune", "--budjet", "10"], "--budget"),
     (["tune", "--trails=3"], "--trials"),
-    (["tune", "-budget", "3"], "--budget"),
+    (["tune", "--no_progress"], "--no-progress"),
     (["tune", "--np", "2"], "-np"),
     (["bench", "--algorithms", "rhd"], "--algo"),
     (["simulate", "--cluster", "c.yaml", "--algos", "rhd"], "--algo"),
@@ -41,3 +43,56 @@ def test_a_stray_value_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["show", "a.yaml", "b.yaml"]) == 2
     err = capsys.readouterr().err.strip()
     assert "`ringtune show` takes no argument 'b.yaml'" in err, err
+
+
+#: nccl-tests' names (short, long) of the ideas several verbs take.
+VOCABULARY = [("-b", "--minbytes"), ("-e", "--maxbytes"), ("-f", "--stepfactor"),
+              ("-d", "--datatype"), ("-o", "--op"), ("-n", "--iters"),
+              ("-w", "--warmup_iters"), ("-c", "--check"), (None, "--algo"), ("-np", None)]
+#: Spellings of those ideas a verb used before: kept, as aliases only.
+FORMER = {"--min-bytes", "--max-bytes", "--dtype", "--algorithms", "--repetitions"}
+
+
+def _verbs() -> dict[str, argparse.ArgumentParser]:
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    raise AssertionError("no verbs")
+
+
+def test_one_spelling_per_idea_on_every_verb() -> None:
+    from ringtune.flags import aliases_of
+
+    verbs = _verbs()
+    for name in ("tune", "bench", "simulate", "probe"):
+        for action in verbs[name]._actions:
+            opts = set(action.option_strings)
+            for short, long in VOCABULARY:
+                if (short in opts or long in opts) and short and long:
+                    assert {short, long} <= opts, (name, action.option_strings)
+            assert not (opts & FORMER) - set(aliases_of(action)), (name, opts)
+    for name in ("tune", "bench", "probe"):  # the verbs that launch themselves
+        assert "-np" in verbs[name]._option_string_actions, name
+    assert "-n" in verbs["probe"]._option_string_actions
+
+
+@pytest.mark.parametrize("new,old", [
+    (["tune", "-b", "4K", "-e", "1M", "-d", "float64", "-o", "max", "--algo", "rhd",
+      "--algo", "native"],
+     ["tune", "--min-bytes", "4K", "--max-bytes", "1M", "--dtype", "float64", "--op", "max",
+      "--algorithms", "rhd,native"]),
+    (["probe", "-n", "3"], ["probe", "--repetitions", "3"]),
+])
+def test_a_former_spelling_means_the_same(new: list[str], old: list[str]) -> None:
+    from ringtune.flags import algo_list
+
+    a, b = build_parser().parse_args(new), build_parser().parse_args(old)
+    for ns in (a, b):
+        if hasattr(ns, "algorithms"):
+            ns.algorithms = algo_list(ns.algorithms)
+    assert vars(a) == vars(b)
+
+
+def test_a_former_spelling_is_shown_as_an_alias_in_help() -> None:
+    text = _verbs()["tune"].format_help()
+    assert "(alias: --min-bytes, the former spelling)" in " ".join(text.split()), text
