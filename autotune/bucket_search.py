@@ -246,8 +246,9 @@ class Driver:
         from .guesses import best_guesses
 
         try:
-            guesses.extend(Config(a, p) for a, p in
-                           best_guesses(self.world_size, self.nbytes)[:3])
+            # The model's three best among the algorithms searched here.
+            guesses.extend([Config(a, p) for a, p in best_guesses(self.world_size, self.nbytes)
+                            if a in self.algorithms][:3])
         except Exception as exc:  # noqa: BLE001 - a guess is only a head start
             warnings.warn(f"cost model guesses unavailable: {exc}", RuntimeWarning,
                           stacklevel=2)

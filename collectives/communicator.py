@@ -136,6 +136,7 @@ class Communicator:
             self.profile: Profile
             self.profile, self.hosts, tuning = self._agree_at_construction(loaded,
                                                                            tune_setting)
+            self._defaults_for_layout()
             name_abrupt_exits(comm)  # os._exit on this rank says which rank (abort.py)
             if self.topology is None:
                 self.topology = self._detect_topology()
@@ -269,6 +270,13 @@ class Communicator:
                           RuntimeWarning, stacklevel=3)
         self.set_aside = f"profile {prof.path} set aside: {reason}"
         self.profile = builtin_profile(self.size)
+        self._defaults_for_layout()
+
+    def _defaults_for_layout(self) -> None:
+        """Built-in defaults that know the layout the ranks agreed on: on one host, the
+        shared-memory allreduce (``profile.builtin_profile``). Alike on every rank."""
+        if self.profile.builtin:
+            self.profile = builtin_profile(self.size, len(set(self.hosts)), self.engine.name)
 
     def _mismatch(self, prof: Profile) -> tuple[str, str] | None:
         """``(why prof does not fit this world, what to do)``; ``None`` when it fits."""
@@ -481,6 +489,13 @@ class Communicator:
             if transport is not None:
                 chosen = Plan(chosen.algorithm, chosen.params, transport, chosen.source,
                               chosen.rule, chosen.min_bytes, chosen.max_bytes, chosen.measured)
+            if (chosen.source == "default" and backend.on_gpu
+                    and get_algorithm(chosen.algorithm).intra_host_only):
+                # The defaults' host-memory choice (shm) is no choice for GPU buffers: the
+                # defaults of a layout not known to be one host.
+                _, rule = builtin_profile(self.size).select(nbytes)
+                chosen = Plan(rule.algorithm, dict(rule.params), chosen.transport,
+                              chosen.source, None, rule.min_bytes, rule.max_bytes)
         else:
             chosen = Plan(algorithm=algorithm, params=dict(params),
                           transport=transport or "", source="explicit")

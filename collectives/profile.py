@@ -158,12 +158,29 @@ class Profile:
         return _ordered(out)
 
 
-def builtin_profile(world_size: int) -> Profile:
-    """The heuristic used without a profile: the library's own allreduce below 32 MiB, where
-    its C collectives are at least as fast as ours (latency-bound small messages; MPI's
-    reduce-scatter/all-gather up to 16 MiB), and two concurrent whole-segment rings from
-    32 MiB, where MPICH falls off (3.3x at 64 MiB; the quiet tuning runs in BENCHMARKS.md
-    chose the same split). A tuned profile replaces this with the machine's own rules."""
+#: Where the built-in defaults start using shared memory on ranks of one host, per engine:
+#: under MPI the library's own C allreduce is as fast below this (latency-bound messages,
+#: where the Python of each step counts); gloo's TCP loopback is slower at every size.
+SHM_DEFAULT_FROM: dict[str, int] = {"mpi": 64 << 10, "torch": 0}
+
+
+def builtin_profile(world_size: int, hosts: int = 0, engine: str = "") -> Profile:
+    """The heuristic used without a profile.
+
+    Ranks all on one host (``hosts == 1``, known once the communicator's ranks agreed):
+    ringtune's shared-memory allreduce (``shm``) from ``SHM_DEFAULT_FROM[engine]`` bytes,
+    the library's own below. Otherwise (several hosts, or not known): the library's own
+    allreduce below 32 MiB, where its C collectives are at least as fast as ours
+    (latency-bound small messages; MPI's reduce-scatter/all-gather up to 16 MiB), and two
+    concurrent whole-segment rings from 32 MiB, where MPICH falls off (3.3x at 64 MiB; the
+    quiet tuning runs in BENCHMARKS.md chose the same split). A tuned profile replaces this
+    with the machine's own rules."""
+    shm_from = SHM_DEFAULT_FROM.get(engine, SHM_DEFAULT_FROM["mpi"])
+    if hosts == 1 and world_size > 1:
+        rules: tuple[Rule, ...] = (
+            (Rule(0, shm_from - 1, "native", {}),) if shm_from else ()) + (
+            Rule(shm_from, None, "shm", {}),)
+        return Profile(rules=rules, world_size=world_size, builtin=True)
     rules = (
         Rule(0, (32 << 20) - 1, "native", {}),
         Rule(32 << 20, None, "multiring", {"rings": 2, "chunk_bytes": 0, "order": "topology"}),

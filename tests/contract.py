@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives.algorithms import algorithm_names
+from collectives.algorithms import algorithm_names, get_algorithm
 from collectives.algorithms.hierarchical import factorisations
 from collectives.ops import DTYPES, OPS
 
@@ -112,19 +112,31 @@ FAMILIES: dict[str, Callable[[int, bool], list[dict[str, Any]]]] = {
 }
 
 
-def configs(n: int, names: list[str] | None = None, light: bool = False) -> list[Config]:
+def configs(n: int, names: list[str] | None = None, light: bool = False,
+            gpu: bool = False) -> list[Config]:
     """Every (algorithm, params) the contract runs on ``n`` ranks: each registered
-    algorithm's defaults, then its families."""
+    algorithm's defaults, then its families; for GPU buffers (``gpu``) none that runs
+    on host memory only (``Algorithm.intra_host_only``, also as a grid's ``inner``)."""
     out: list[Config] = []
-    for name in names if names is not None else contract_algorithms():
+    for name in names if names is not None else contract_algorithms(gpu):
         out.append((name, {}))
         out += [(name, p) for p in FAMILIES.get(name, lambda n, light: [])(n, light)]
+    if gpu:
+        out = [(a, p) for a, p in out if not _host_only(a, p)]
     return out
 
 
-def contract_algorithms() -> list[str]:
-    """The registered algorithms the contract covers."""
-    return [a for a in algorithm_names() if a not in TEST_ONLY]
+def _host_only(name: str, params: dict[str, Any]) -> bool:
+    inner = params.get("inner") or []
+    names = [name] + ([inner] if isinstance(inner, str) else list(inner))
+    return any(get_algorithm(k).intra_host_only for k in names)
+
+
+def contract_algorithms(gpu: bool = False) -> list[str]:
+    """The registered algorithms the contract covers (on GPU buffers: not those that run
+    on host memory only)."""
+    return [a for a in algorithm_names() if a not in TEST_ONLY
+            and not (gpu and get_algorithm(a).intra_host_only)]
 
 
 def config_id(cfg: Config) -> str:

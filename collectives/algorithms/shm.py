@@ -326,6 +326,9 @@ class Shm(Algorithm):
     @classmethod
     def grid_phase(cls, ctx: Context, offset: int, count: int, dtype: str, op: str,
                    params: Mapping[str, Any]) -> Any:
+        if ctx.backend.on_gpu:
+            raise ValueError("inner: shm moves host buffers only; for GPU buffers use "
+                             "multiring, rhd or native along that dimension")
         if not one_host(ctx):
             raise ValueError("inner: shm runs only along a dimension of ranks that share "
                              "a host (dimension 0 of dims 'auto'); use multiring there")

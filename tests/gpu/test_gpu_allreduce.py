@@ -70,13 +70,13 @@ def gpu_configs(n: int, algo: str) -> list[contract.Config]:
     while its peer waits for this rank's queued NCCL allreduce hangs there. A real GPU
     runs it; the in-process sweep of tests/unit/test_cuda_transports.py drives its
     simulated GPU while blocked and runs these."""
-    cfgs = contract.configs(n, [algo], light=True)
+    cfgs = contract.configs(n, [algo], light=True, gpu=True)
     if SIMULATED:
         cfgs = [(a, p) for a, p in cfgs if "native" not in (p.get("inner") or [])]
     return cfgs
 
 
-@pytest.mark.parametrize("algo", contract.contract_algorithms())
+@pytest.mark.parametrize("algo", contract.contract_algorithms(gpu=True))
 def test_contract(kind_comm: tuple[Any, str, str], algo: str) -> None:
     c, kind, label = kind_comm
     fails: list[str] = []
@@ -95,7 +95,7 @@ def test_contract(kind_comm: tuple[Any, str, str], algo: str) -> None:
 def test_contract_large_with_chunks(comm: Any) -> None:
     fails: list[str] = []
     for transport in common_transports():
-        for algo, params in [(a, {}) for a in contract.contract_algorithms()] + [
+        for algo, params in [(a, {}) for a in contract.contract_algorithms(gpu=True)] + [
                 ("multiring", {"rings": 4, "chunk_bytes": 1 << 16})]:
             for dtype, op in (("float32", "sum"), ("int64", "max"), ("float16", "avg")):
                 fails += contract.check_one(comm, algo, params, (1 << 20) + 3, dtype, op,
@@ -122,7 +122,7 @@ def test_bfloat16_allreduce_if_supported(comm: Any) -> None:
         pytest.skip("this CuPy has no bfloat16 (needs CuPy ≥ 14 with ml_dtypes)")
     fails = []
     for transport in common_transports():
-        for algo in contract.contract_algorithms():
+        for algo in contract.contract_algorithms(gpu=True):
             buf = cupy.asarray(np.full(1001, comm.rank + 1, dtype=np.float32).astype(
                 be.dtype("bfloat16")))
             comm.allreduce(buf, op="sum", algorithm=algo, transport=transport)

@@ -74,7 +74,8 @@ def check_transport(comm: Any) -> list[str]:
 def check_contract(c: Any, label: str, light: bool) -> list[str]:
     setup = contract.Setup(upload=lambda a: torch.from_numpy(a).cuda(),
                            download=lambda x: x.cpu().numpy(), label=f"cuda over torch {label}")
-    cfgs = contract.configs(c.size, contract.contract_algorithms(), light=True)
+    cfgs = contract.configs(c.size, contract.contract_algorithms(gpu=True), light=True,
+                            gpu=True)
     if light:
         cfgs = [cfg for cfg in cfgs if not cfg[1]]
     return contract.run_configs(c, cfgs, setup, density="ops", family_density="sparse")

@@ -570,7 +570,7 @@ def test_gpu_transports_contract_in_process(n: int, comm_kind: str) -> None:
             # The simulated GPU runs queued work while its rank waits (as a GPU would).
             inproc.set_progress(world, ops.poll)
             runner = contract.DirectRunner(comm, be, make(kind, comm, ops, be, piece=32))
-            cfgs = contract.configs(comm.Get_size(), light=True)
+            cfgs = contract.configs(comm.Get_size(), light=True, gpu=True)
             fails += contract.run_configs(runner, cfgs, contract.Setup(label=kind),
                                           density="sparse", where=f"{label} ")
             runner.close()
