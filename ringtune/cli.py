@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         mod.add_arguments(p)
         parser.verbs[verb] = p
         bound_numbers(p)
-        p.set_defaults(_run=mod.run)
+        p.set_defaults(cli_run=mod.run)
     return parser
 
 
@@ -217,7 +217,8 @@ def bound_numbers(parser: argparse.ArgumentParser) -> None:
     ``--json FILE``) an ``OutputFlag``. Done here, once
     for every verb, so a flag added tomorrow is bounded (and fuzzed: tests/unit/
     test_hostile_inputs.py) the day it is added."""
-    for action in parser._actions:
+    # argparse has no public list of a parser's actions (checked on Python 3.11.7).
+    for action in parser._actions:  # noqa: SLF001
         flag = "/".join(action.option_strings) or action.dest
         if action.type in (int, float):
             kind = action.type
@@ -252,8 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             load_plugins()  # a plug-in that does not import: one line, exit 2, up front
         args = build_parser().parse_args(args_list)
-        args._argv = args_list  # the verb and its flags, for relaunching under mpiexec
-        code = args._run(args)
+        args.cli_argv = args_list  # the verb and its flags, for relaunching under mpiexec
+        code = args.cli_run(args)
         return int(code or 0)
     except KeyboardInterrupt:
         report_error("interrupted", rank=launch_rank(), before_abort=_in_mpi_world())

@@ -58,7 +58,9 @@ def _description(text: str) -> str:
 def _usage(sub: argparse.ArgumentParser) -> str:
     """The usage line at a fixed width (argparse's own follows the terminal's)."""
     fmt = argparse.HelpFormatter(prog=sub.prog, width=88)
-    fmt.add_usage(sub.usage, sub._actions, sub._mutually_exclusive_groups)
+    # argparse has no public way to a parser's actions, groups and sub-parsers: the
+    # underscored names below are the only way (checked on Python 3.11.7).
+    fmt.add_usage(sub.usage, sub._actions, sub._mutually_exclusive_groups)  # noqa: SLF001
     return fmt.format_help().strip()
 
 
@@ -112,9 +114,9 @@ def _flags(action: argparse.Action) -> str:
 
 
 def _verbs(parser: argparse.ArgumentParser) -> dict[str, tuple[str, argparse.ArgumentParser]]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            helps = {a.dest: a.help or "" for a in action._choices_actions}
+    for action in parser._actions:  # noqa: SLF001 - argparse's, see _usage
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            helps = {a.dest: a.help or "" for a in action._choices_actions}  # noqa: SLF001
             return {name: (helps.get(name, ""), sub) for name, sub in action.choices.items()}
     return {}
 
@@ -131,8 +133,8 @@ def render(parser: argparse.ArgumentParser) -> str:
         out.append("```\n" + _usage(sub) + "\n```\n\n")
         out.append(_description(sub.description or summary) + "\n\n")
         out.append("| flag | argument | what it does |\n|---|---|---|\n")
-        for action in sub._actions:
-            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+        for action in sub._actions:  # noqa: SLF001 - argparse's, see _usage
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:  # noqa: SLF001
                 continue
             flags = _flags(action)
             arg = _argument(action)
@@ -143,7 +145,8 @@ def render(parser: argparse.ArgumentParser) -> str:
 
 def flags_of(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
     """verb -> every option string it accepts (``-h`` left out): what the page must list."""
-    return {name: [s for a in sub._actions if not isinstance(a, argparse._HelpAction)
+    return {name: [s for a in sub._actions  # noqa: SLF001 - argparse's, see _usage
+                   if not isinstance(a, argparse._HelpAction)  # noqa: SLF001
                    for s in a.option_strings]
             for name, (_, sub) in _verbs(parser).items()}
 

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     if engine == "mpi" and not under_mpiexec() and (args.np is None or args.np > 1):
         ranks = args.np or default_ranks()
         _check_algorithm(args.algo, params, ranks)  # fail once, here, before launching
-        return relaunch(args._argv, ranks, args.oversubscribe)
+        return relaunch(getattr(args, "cli_argv", sys.argv[1:]), ranks, args.oversubscribe)
     from collectives import Communicator
     from collectives.bench import (
         TIMINGS,

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             and not os.environ.get("RINGTUNE_LAUNCHED")):
         # -np N: every rank probes (the rank layout; --measure: every pair's links), as
         # under `mpiexec -n N`; without it, this process alone, no MPI needed.
-        return relaunch(getattr(args, "_argv", sys.argv[1:]), args.np, args.oversubscribe)
+        return relaunch(getattr(args, "cli_argv", sys.argv[1:]), args.np, args.oversubscribe)
     if engine == "torch" and args.measure:
         raise UsageError("--measure is not supported with --engine torch yet (its "
                          "ping-pongs are MPI's): measure under mpiexec, or drop --measure")

@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         # bare `ringtune tune` runs for minutes and writes two files into this folder.
         print("\n".join(plan_lines(opts, args.np or default_ranks(), "mpi",
                                    stop_pid=os.getpid())), flush=True)
-        return relaunch(getattr(args, "_argv", sys.argv[1:]), args.np, args.oversubscribe)
+        return relaunch(getattr(args, "cli_argv", sys.argv[1:]), args.np, args.oversubscribe)
 
     from autotune.report import profile_heading, rule_table, write_report
     from autotune.tuning import TuneError, tune

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         # Compare against a world of the size the profile was tuned for.
         check_ranks(prof.world_size, what=f"{args.profile}: topology.world_size "
                     f"{prof.world_size} (the ranks --against-topology launches)")
-        return relaunch(getattr(args, "_argv", sys.argv[1:]), prof.world_size)
+        return relaunch(getattr(args, "cli_argv", sys.argv[1:]), prof.world_size)
 
     from autotune.tuning import world_identity
 
