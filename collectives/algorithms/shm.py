@@ -41,9 +41,9 @@ from .base import Algorithm, Context
 from .multiring import _balanced
 from .registry import get_algorithm, register
 
-#: Default bytes per rank per step: 256 KiB keeps a 4-rank step's slots (1 MiB) within a
-#: core's L2 on current x86 and Arm servers.
-DEFAULT_CHUNK_BYTES = 1 << 18
+#: Default bytes per rank per step: 1 MiB was the fastest of 64 KiB, 256 KiB and 1 MiB at
+#: 256 KiB–64 MiB on 2 ranks (benchmarks/bench_shm.py); a 2-rank step (2 MiB) stays in L3.
+DEFAULT_CHUNK_BYTES = 1 << 20
 #: Smallest and largest ``chunk_bytes``: a smaller chunk is all synchronisation; a larger
 #: one gains nothing once steps are bandwidth-bound and makes the segment big (two slots
 #: per rank: 64 MiB at 8 ranks with 4 MiB chunks, the whole of Docker's default /dev/shm).

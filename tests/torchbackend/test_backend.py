@@ -243,3 +243,18 @@ def test_ddp_over_ringtune_tracks_ddp_over_gloo() -> None:
     failures, _ = track(ours, ddp_ours, ref, ddp_ref, 12, RANK, SIZE, gloo_world().allgather,
                         "DDP over ringtune")
     agree(failures)
+
+
+def test_host_tensors_of_one_host_take_shared_memory_without_a_profile() -> None:
+    """No profile: the backend's CPU tensors go through ringtune's own shared memory on
+    ranks of one host (gloo's TCP loopback is what it replaces), and a call says so."""
+    if SIZE < 2:
+        pytest.skip("one rank allreduces nothing")
+    comm = ringtune_of(dist.group.WORLD).communicator
+    t = torch.full((1 << 18,), float(RANK + 1))
+    dist.all_reduce(t)
+    plan = comm.plan_for(t.numel() * 4)
+    fails = [] if plan.algorithm == "shm" else [f"plan {plan.algorithm}, expected shm"]
+    fails += _check(t, torch.full((1 << 18,), SIZE * (SIZE + 1) / 2, dtype=torch.float64),
+                    "shm default")
+    agree(fails)

@@ -1,0 +1,134 @@
+"""The shared-memory allreduce (``shm``) side by side with the library's own, one host.
+
+Run under mpiexec (rank 0 prints a Markdown table for BENCHMARKS.md):
+
+    .venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py benchmarks/bench_shm.py
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py benchmarks/bench_shm.py --rounds 3
+
+For each size (64 KiB to 64 MiB by ×4, float32 sum) it times ``native`` (the MPI library's
+``MPI_Allreduce``), ``shm`` at three chunk sizes and ``multiring`` (two whole-segment rings,
+the built-in large-message choice), in ``--rounds`` rounds that visit every configuration
+once per size in turn, so that a shared machine's drift hits all alike; each cell is the
+median over rounds of each round's median. Beside them, measured in the same run with every
+rank at work at once, the bounds of the machine and of shm's design at 64 MiB:
+
+- ``copy``: one rank's ``memcpy`` of the message (GB/s) — the copy bound, what a
+  single-copy allreduce could approach;
+- ``phases``: the time shm's three passes over memory take on their own at that size (the
+  copy in of (P−1)/P of the message, the reduction of 1/P from P inputs, the copy out of
+  (P−1)/P), so the page can say where the time of a step goes and what is synchronisation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from collectives import Communicator
+from collectives.bench import size_list, time_allreduce
+from collectives.ops import busbw_factor
+
+CONFIGS: list[tuple[str, dict[str, Any]]] = [
+    ("native", {}),
+    ("shm", {"chunk_bytes": 1 << 16}),
+    ("shm", {"chunk_bytes": 1 << 18}),
+    ("shm", {"chunk_bytes": 1 << 20}),
+    ("multiring", {"rings": 2, "chunk_bytes": 0}),
+]
+
+
+def label(algo: str, params: dict[str, Any]) -> str:
+    if algo == "shm":
+        return f"shm {params['chunk_bytes'] >> 10}K"
+    if algo == "multiring":
+        return "mr r2 seg"
+    return algo
+
+
+def timed(world: MPI.Comm, fn: Any, reps: int = 7) -> float:
+    """Median seconds of ``fn()`` on the slowest rank, every rank at work at once."""
+    times = []
+    for _ in range(reps):
+        world.Barrier()
+        t = time.perf_counter()
+        fn()
+        times.append(world.allreduce(time.perf_counter() - t, op=MPI.MAX))
+    return statistics.median(times)
+
+
+def phase_bounds(world: MPI.Comm, nbytes: int) -> dict[str, float]:
+    """Seconds of shm's passes over memory at ``nbytes`` on their own (module docstring)."""
+    n = world.Get_size()
+    count = nbytes // 4
+    src = np.ones(count, np.float32)
+    dst = np.empty_like(src)
+    part = count // n
+    parts = [np.ones(part, np.float32) for _ in range(n)]
+    out = np.empty(part, np.float32)
+
+    def reduce() -> None:
+        np.copyto(out, parts[0])
+        for p in parts[1:]:
+            np.add(out, p, out=out)
+
+    copy_all = timed(world, lambda: np.copyto(dst, src))
+    share = count - part
+    copy_in = timed(world, lambda: np.copyto(dst[:share], src[:share]))
+    return {"copy": copy_all, "copy in": copy_in, "reduce": timed(world, reduce),
+            "copy out": copy_in}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-b", type=int, default=64 << 10)
+    ap.add_argument("-e", type=int, default=64 << 20)
+    ap.add_argument("-f", type=float, default=4)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    world = MPI.COMM_WORLD
+    comm = Communicator(world)
+    n = comm.size
+    sizes = size_list(args.b, args.e, args.f)
+    cells: dict[tuple[int, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for nbytes in sizes:
+            for algo, params in CONFIGS:
+                m = time_allreduce(comm, nbytes // 4, "float32", "sum", algo, params,
+                                   args.warmup, args.iters)
+                cells.setdefault((nbytes, label(algo, params)), []).append(m.busbw_gbps)
+    bounds = phase_bounds(world, sizes[-1])
+    load = open("/proc/loadavg").read().split()[0]
+    if comm.rank == 0:
+        cols = [label(a, p) for a, p in CONFIGS]
+        lib = MPI.Get_library_version().splitlines()[0].strip()
+        print(f"# {n} ranks, float32 sum, busbw GB/s (median of {args.rounds} rounds of "
+              f"{args.iters}); load average {load} at the end; {lib}")
+        print("| size | " + " | ".join(cols) + " | best shm / native |")
+        print("|" + "---|" * (len(cols) + 2))
+        for nbytes in sizes:
+            row = {c: statistics.median(cells[(nbytes, c)]) for c in cols}
+            best = max(v for k, v in row.items() if k.startswith("shm"))
+            size = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+            print(f"| {size} | " + " | ".join(f"{row[c]:.2f}" for c in cols)
+                  + f" | {best / row['native']:.2f}x |")
+        big = sizes[-1]
+        factor = busbw_factor(n)
+        copy_gbs = big / bounds["copy"] / 1e9
+        passes = bounds["copy in"] + bounds["reduce"] + bounds["copy out"]
+        print(f"\ncopy bound ({big >> 20} MiB, every rank copying): {copy_gbs:.2f} GB/s; "
+              f"shm's passes over memory alone at {big >> 20} MiB: copy in "
+              f"{bounds['copy in'] * 1e3:.1f} ms + reduce {bounds['reduce'] * 1e3:.1f} ms + "
+              f"copy out {bounds['copy out'] * 1e3:.1f} ms = {passes * 1e3:.1f} ms, "
+              f"i.e. at most {big * factor / passes / 1e9:.2f} GB/s busbw for this design")
+    comm.close()
+
+
+if __name__ == "__main__":
+    main()
