@@ -45,7 +45,7 @@ def searchable(names: Sequence[str] | None = None, gpu: bool = False) -> list[st
     out = []
     for n in names:
         if n not in known:
-            raise ValueError(f"--algorithms: unknown algorithm {n!r}; use some of "
+            raise ValueError(f"--algo: unknown algorithm {n!r}; use some of "
                              f"{', '.join(known)}")
         if n not in out:
             out.append(n)

@@ -113,7 +113,7 @@ def plan(profile: Profile) -> list[Segment]:
                          "and none records a native measurement (rules[*].native): "
                          "nothing to export; re-tune with this ringtune (it records the "
                          "best native candidate per bucket) or with native among "
-                         "--algorithms")
+                         "--algo")
     return out
 
 
