@@ -158,32 +158,38 @@ class Profile:
         return _ordered(out)
 
 
-#: Where the built-in defaults start using shared memory on ranks of one host, per engine:
-#: under MPI the library's own C allreduce is as fast below this (latency-bound messages,
-#: where the Python of each step counts); gloo's TCP loopback is slower at every size.
-SHM_DEFAULT_FROM: dict[str, int] = {"mpi": 64 << 10, "torch": 0}
+#: The built-in defaults' shared-memory range on ranks of one host, per engine: under MPI
+#: the library's own C allreduce wins below 64 KiB (latency-bound messages, where the
+#: Python of each step counts) and two rings over the library's single-copy point-to-point
+#: from 32 MiB (benchmarks/bench_shm.py: 4.5-5.4 GB/s against shm's 3.6-3.9 at 16-64 MiB);
+#: gloo's TCP loopback is slower than shm at every size.
+SHM_DEFAULT_RANGE: dict[str, tuple[int, int | None]] = {"mpi": (64 << 10, 32 << 20),
+                                                        "torch": (0, None)}
+#: The built-in large-message choice: two concurrent whole-segment rings.
+_TWO_RINGS: dict[str, Any] = {"rings": 2, "chunk_bytes": 0, "order": "topology"}
 
 
 def builtin_profile(world_size: int, hosts: int = 0, engine: str = "") -> Profile:
     """The heuristic used without a profile.
 
     Ranks all on one host (``hosts == 1``, known once the communicator's ranks agreed):
-    ringtune's shared-memory allreduce (``shm``) from ``SHM_DEFAULT_FROM[engine]`` bytes,
-    the library's own below. Otherwise (several hosts, or not known): the library's own
-    allreduce below 32 MiB, where its C collectives are at least as fast as ours
-    (latency-bound small messages; MPI's reduce-scatter/all-gather up to 16 MiB), and two
-    concurrent whole-segment rings from 32 MiB, where MPICH falls off (3.3x at 64 MiB; the
-    quiet tuning runs in BENCHMARKS.md chose the same split). A tuned profile replaces this
-    with the machine's own rules."""
-    shm_from = SHM_DEFAULT_FROM.get(engine, SHM_DEFAULT_FROM["mpi"])
+    ringtune's shared-memory allreduce (``shm``) over ``SHM_DEFAULT_RANGE[engine]``, the
+    library's own below it and two rings above. Otherwise (several hosts, or not known):
+    the library's own allreduce below 32 MiB, where its C collectives are at least as fast
+    as ours (latency-bound small messages; MPI's reduce-scatter/all-gather up to 16 MiB),
+    and two concurrent whole-segment rings from 32 MiB, where MPICH falls off (3.3x at
+    64 MiB; the quiet tuning runs in BENCHMARKS.md chose the same split). A tuned profile
+    replaces this with the machine's own rules."""
     if hosts == 1 and world_size > 1:
-        rules: tuple[Rule, ...] = (
-            (Rule(0, shm_from - 1, "native", {}),) if shm_from else ()) + (
-            Rule(shm_from, None, "shm", {}),)
+        lo, hi = SHM_DEFAULT_RANGE.get(engine, SHM_DEFAULT_RANGE["mpi"])
+        rules: tuple[Rule, ...] = (Rule(0, lo - 1, "native", {}),) if lo else ()
+        rules += (Rule(lo, None if hi is None else hi - 1, "shm", {}),)
+        if hi is not None:
+            rules += (Rule(hi, None, "multiring", dict(_TWO_RINGS)),)
         return Profile(rules=rules, world_size=world_size, builtin=True)
     rules = (
         Rule(0, (32 << 20) - 1, "native", {}),
-        Rule(32 << 20, None, "multiring", {"rings": 2, "chunk_bytes": 0, "order": "topology"}),
+        Rule(32 << 20, None, "multiring", dict(_TWO_RINGS)),
     )
     return Profile(rules=rules, world_size=world_size, builtin=True)
 

@@ -239,3 +239,30 @@ def test_a_peer_gone_during_set_up_leaves_nothing(no_leftovers: None) -> None:
 
     with pytest.raises(AssertionError, match="rank 1 died"):
         inproc.run_ranks(2, rank, timeout=10)
+
+
+def test_built_in_defaults_follow_the_layout() -> None:
+    from collectives.profile import builtin_profile
+
+    def rules(*args: Any) -> list[tuple[int, int | None, str]]:
+        return [(r.min_bytes, r.max_bytes, r.algorithm) for r in builtin_profile(*args).rules]
+
+    assert rules(4, 1, "mpi") == [(0, (64 << 10) - 1, "native"),
+                                  (64 << 10, (32 << 20) - 1, "shm"),
+                                  (32 << 20, None, "multiring")]
+    assert rules(4, 1, "torch") == [(0, None, "shm")]
+    # Several hosts, one rank, or a layout not known yet: the library's own, then rings.
+    for args in ((4, 2, "mpi"), (1, 1, "torch"), (4,)):
+        assert [a for _, _, a in rules(*args)] == ["native", "multiring"]
+
+
+def test_a_communicator_of_one_host_explains_shm_by_default(no_leftovers: None) -> None:
+    def rank(world: Any) -> tuple[str, float]:
+        c = Communicator(world)
+        x = np.full(1 << 18, 1.0, dtype=np.float32)  # 1 MiB
+        c.allreduce(x)
+        return c.explain(x.nbytes), float(x[0])
+
+    out = inproc.run_ranks(3, rank)
+    assert all(v == 3.0 for _, v in out)
+    assert all("shm" in line and "built-in defaults" in line for line, _ in out), out[0][0]
