@@ -118,9 +118,43 @@ def ab_choice(runtime: Communicator, opts: TuneOptions, summaries: Sequence[Buck
         verdict = confirm(times[0], times[best_j], pairs, opts.margin)
         if verdict:
             best_j, note = 0, f"native kept: {winner.text()} {verdict}"
+    unstable, spread = ab_stability(times, best_j, opts.margin)
     return Choice(nbytes, everyone[best_j], med[best_j], native_t,
                   busbw(nbytes, med[best_j], n), busbw(nbytes, native_t, n),
-                  [(everyone[j], med[j]) for j in range(len(med))], note=note)
+                  [(everyone[j], med[j]) for j in range(len(med))], note=note,
+                  unstable=unstable, spread=round(spread, 4))
+
+
+def spread_of(times: Sequence[float]) -> float:
+    """How far one configuration's A/B rounds scatter: (max - min) / median; 0 for fewer
+    than two rounds."""
+    mid = _median(times)
+    return (max(times) - min(times)) / mid if len(times) > 1 and mid > 0 else 0.0
+
+
+def ab_stability(times: Sequence[Sequence[float]], chosen: int,
+                 margin: float) -> tuple[bool, float]:
+    """``(unstable, spread)`` of a bucket's A/B: ``times[j]`` are configuration ``j``'s
+    rounds (native first), ``chosen`` the index kept. The runner-up is native when a
+    candidate was chosen, else the fastest candidate; the spread is the larger of the two's
+    (``spread_of``). Unstable when that spread exceeds both the difference between the two
+    medians (relative to the chosen's) and ``margin``: the rounds scatter more than the gap
+    the choice rests on, so on a quieter machine it could go the other way. Using the
+    margin as a floor keeps a near-tie that native kept (a clear "no gain") unmarked on an
+    idle machine's ordinary few-percent scatter."""
+    meds = [_median(t) for t in times]
+    if chosen != 0:
+        runner = 0
+    else:
+        others = [j for j in range(1, len(times)) if meds[j] > 0]
+        if not others:
+            return False, 0.0
+        runner = min(others, key=lambda j: meds[j])
+    if meds[chosen] <= 0 or meds[runner] <= 0:
+        return False, 0.0
+    spread = max(spread_of(times[chosen]), spread_of(times[runner]))
+    difference = abs(meds[runner] / meds[chosen] - 1)
+    return spread > max(difference, margin), spread
 
 
 def check_against_search(summary: BucketSummary, configs: Sequence[Config],
@@ -267,6 +301,9 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
                     "native_busbw_gbps": round(c.native_busbw_gbps, 4),
                     "native_time_us": round(c.native_time_us, 2),
                     "speedup": round(c.speedup, 3)}
+        if c.unstable:
+            # Written only when true: a quiet machine's profile keeps its bytes.
+            measured.update(unstable=True, ab_spread=round(c.spread, 4))
         if gpu and transport is None:
             # A configuration without one (a world of one rank) ran with the best transport.
             transport = (opts.transports or ["staged"])[0]
@@ -275,6 +312,10 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
                 and rules[-1].get("transport") == transport):
             # Same choice as the previous bucket: one rule; keep the larger size's figures.
             rules[-1]["max_bytes"] = hi
+            earlier = rules[-1]["measured"]
+            if earlier.get("unstable") and not measured.get("unstable"):
+                # A merged rule is unstable when any of its buckets' choices was.
+                measured.update(unstable=True, ab_spread=earlier["ab_spread"])
             rules[-1]["measured"] = measured
             rules[-1].setdefault("native", []).extend(native)
             continue

@@ -52,6 +52,15 @@ class TuneOptions:
     wait: bool = False
     #: ``--workload``: tensor sizes on which allreduce_many's bucket size is searched.
     tensor_bytes: list[int] | None = None
+    #: ``--busy``: what a busy machine does to the run (``autotune.machine``): ``warn``
+    #: (say so, mark, write), ``wait`` (wait up to ``busy_wait_s`` for a quiet machine
+    #: first) or ``refuse`` (measure, but write no profile if it was busy).
+    busy: str = "warn"
+    busy_wait_s: float = 600.0
+    #: The job's rank processes on rank 0's host when the tuned communicator is part of a
+    #: larger job (``--shapes``: the other ranks spin too and are not "other processes");
+    #: ``None``: the tuned communicator's own ranks.
+    job_pids: list[int] | None = None
 
 
 @dataclass
@@ -94,6 +103,14 @@ class Choice:
     #: Why native was kept over a faster-looking candidate ("" otherwise): not a win by
     #: ``--margin``, within native's noise, or lost in the confirmation (``choose.confirm``).
     note: str = ""
+    #: The A/B's spread exceeded the difference between the choice and its runner-up
+    #: (``choose.ab_stability``): the choice may be the machine's noise; ``spread`` is that
+    #: spread (a fraction of the median).
+    unstable: bool = False
+    spread: float = 0.0
+    #: The machine was busy while this A/B ran (``autotune.machine``): a rerun on a quiet
+    #: machine measures it again instead of reusing it (``autotune.replay``).
+    busy: bool = False
 
     @property
     def algorithm(self) -> str:
@@ -122,6 +139,8 @@ class TuneResult:
     path: str
     #: False when the file already held exactly this profile (a rerun with nothing new).
     rewritten: bool = True
+    #: Why the machine was busy during this run (``autotune.machine``), "" when it was not.
+    busy: str = ""
 
     @property
     def added(self) -> int:

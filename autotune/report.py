@@ -54,6 +54,8 @@ def rule_rows(profile: Mapping[str, Any]) -> list[list[str]]:
             speed = f"{tuned / native:.2f}x"
         else:
             speed = "-"
+        if m.get("unstable"):
+            speed += f" {UNSTABLE_MARK}"
         rows.append([
             f"{human_bytes(r['min_bytes'])} .. {human_bytes(r.get('max_bytes'))}",
             r["algorithm"],
@@ -85,8 +87,27 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+#: The mark of a rule whose A/B spread exceeded the difference its choice rests on
+#: (``measured.unstable``, ``autotune.choose.ab_stability``), after its speed-up.
+UNSTABLE_MARK = "!"
+
+
+def unstable_note(profile: Mapping[str, Any]) -> str | None:
+    """The footnote of the rules marked ``!``, or ``None`` when there are none."""
+    spreads = [float((r.get("measured") or {}).get("ab_spread") or 0.0)
+               for r in profile.get("rules", []) if (r.get("measured") or {}).get("unstable")]
+    if not spreads:
+        return None
+    return (f"{UNSTABLE_MARK} {len(spreads)} rule(s): the A/B spread (up to "
+            f"{100 * max(spreads):.0f}%) exceeded the gain the choice rests on: re-tune on a "
+            "quiet machine (ringtune tune --busy wait)")
+
+
 def rule_table(profile: Mapping[str, Any]) -> str:
-    return format_table(RULE_HEADER, rule_rows(profile))
+    """The rule table, and the footnote of the rules marked unstable if any."""
+    table = format_table(RULE_HEADER, rule_rows(profile))
+    note = unstable_note(profile)
+    return f"{table}\n{note}" if note else table
 
 
 def profile_heading(profile: Mapping[str, Any], path: str | None = None,

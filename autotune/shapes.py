@@ -21,7 +21,7 @@ from typing import Any
 from collectives.algorithms import get_algorithm
 from collectives.profile import write_profile
 
-from .records import TuneOptions, TuneResult
+from .records import TuneError, TuneOptions, TuneResult
 
 
 def parse_shapes(text: str, world_size: int) -> list[int]:
@@ -51,11 +51,15 @@ def tune_shapes(comm: Any, opts: TuneOptions, sizes: Sequence[int]) -> TuneResul
     """Tune every shape in ``sizes`` (collective over ``comm``); rank 0 writes the profile."""
     from mpi4py import MPI
 
-    from .tuning import tune
+    from .machine import job_pids
+    from .tuning import refusal, tune
 
     t0 = time.monotonic()
     rank = comm.Get_rank()
     names = comm.allgather(MPI.Get_processor_name())
+    # The whole allocation's ranks are the job's: those outside a shape's sub-communicator
+    # spin at the barrier below and are no "other processes" (autotune.machine).
+    opts.job_pids = job_pids(comm)
     results: dict[int, TuneResult] = {}
     for s in sorted(sizes, reverse=True):
         sub = comm.Split(0 if rank < s else MPI.UNDEFINED, rank)
@@ -65,6 +69,9 @@ def tune_shapes(comm: Any, opts: TuneOptions, sizes: Sequence[int]) -> TuneResul
                 results[s] = res
             sub.Free()
         comm.Barrier()
+    busy = comm.bcast(next((r.busy for r in results.values() if r.busy), ""), root=0)
+    if busy and opts.busy == "refuse":
+        raise TuneError(refusal(busy, opts.out), usage=True)  # every rank, after all shapes
     profile: dict[str, Any] | None = None
     if rank == 0:
         profile = combine({s: r.profile for s, r in results.items()}, comm.Get_size(),

@@ -34,6 +34,7 @@ from . import replay, space, storage_errors
 from .bucket_search import SAMPLERS, Driver
 from .choose import AB_SHARE, ab_choice, build_profile, native_config
 from .lockstep import abort, on_root
+from .machine import BUSY_MODES, TuneWatch, load_record, save_record
 from .naming import default_storage, study_name, world_identity
 from .objective import TrialOutcome, evaluate, timing_for
 from .progress import Progress, best_text, gbps_text, size_text
@@ -60,6 +61,9 @@ def _tune(comm: Any, opts: TuneOptions, out: TextIO, write: bool) -> TuneResult:
     if opts.sampler not in SAMPLERS:
         raise TuneError(f"--sampler: unknown sampler {opts.sampler!r}; use one of "
                         f"{', '.join(SAMPLERS)}", usage=True)
+    if opts.busy not in BUSY_MODES:
+        raise TuneError(f"--busy {opts.busy!r}: use one of {', '.join(BUSY_MODES)}",
+                        usage=True)
     try:
         algorithms = space.searchable(opts.algorithms)
     except ValueError as exc:
@@ -72,6 +76,8 @@ def _tune(comm: Any, opts: TuneOptions, out: TextIO, write: bool) -> TuneResult:
     identity = world_identity(comm)
     runtime = Communicator(comm, profile=builtin_profile(n))
     progress = Progress(opts.progress and rank == 0, len(opts.buckets))
+    # How busy the host is, sampled on rank 0 from here to the end (autotune.machine).
+    watch = TuneWatch(comm, opts.busy, opts.job_pids)
 
     storage: Any = None
 
@@ -96,19 +102,29 @@ def _tune(comm: Any, opts: TuneOptions, out: TextIO, write: bool) -> TuneResult:
                     optuna.delete_study(study_name=s.study_name, storage=storage)
 
     on_root(comm, open_storage)
+    busy_now = on_root(comm, watch.before)
+    waited_s = 0.0
+    if busy_now and opts.busy == "wait":
+        t_wait = time.monotonic()
+        busy_now = on_root(comm, functools.partial(watch.wait, opts.busy_wait_s, _say))
+        waited_s = time.monotonic() - t_wait  # the wait is not the search's --budget
     watchdog = Watchdog(opts.trial_timeout_s if rank == 0 else None,
                         abort=lambda msg: abort(comm, msg))
     summaries: list[BucketSummary] = []
-    budget_end = t_start + opts.budget_s * (1 - AB_SHARE)
+    budget_end = t_start + waited_s + opts.budget_s * (1 - AB_SHARE)
     try:
         for index, nbytes in enumerate(opts.buckets):
             name = study_name(opts.study, identity["fingerprint"], opts.dtype, opts.op,
                               nbytes, opts.backend, opts.transports)
             summaries.append(_tune_bucket(comm, runtime, opts, storage, name, nbytes, index,
                                           algorithms, budget_end, progress, watchdog))
+            # Broadcast: the A/B stage's reuse of recorded choices depends on it.
+            busy_now = on_root(comm, functools.partial(
+                watch.sample, f"bucket {size_text(nbytes)}"))
     finally:
         watchdog.close()
-    choices = _choices(comm, runtime, opts, storage, summaries, progress)
+    choices, remeasured = _choices(comm, runtime, opts, storage, summaries, progress,
+                                   watch, bool(busy_now))
     # Seconds spent measuring, from the storage: true across resumed runs, and the same
     # on a rerun with nothing left to do (so the profile is too).
     seconds = sum(s.trial_seconds for s in summaries) + sum(c.seconds for c in choices)
@@ -122,19 +138,57 @@ def _tune(comm: Any, opts: TuneOptions, out: TextIO, write: bool) -> TuneResult:
                                          opts.tensor_bytes, opts.dtype,
                                          max(5.0, 0.1 * opts.budget_s), say=progress.line)
 
+    measured_now = remeasured or sum(s.added for s in summaries) > 0
+
+    def machine() -> tuple[dict[str, Any] | None, str]:
+        watch.sample("after")
+        first = summaries[0].study if summaries else None
+        if measured_now or first is None:
+            record = watch.record()
+            if first is not None:
+                save_record(storage, first, record)
+            return record, watch.reason
+        # Nothing measured: the figures are the earlier run's, and so is the record (the
+        # same profile bytes as that run wrote).
+        record = load_record(storage, first)
+        return record, str((record or {}).get("busy") or "")
+
+    record, busy = on_root(comm, machine)
+    if record:
+        profile["tuning"]["machine"] = record
+    if busy and opts.busy == "refuse" and write:
+        raise TuneError(refusal(busy, opts.out), usage=True)
+
     def write_out() -> tuple[str, bool]:
         return _write_if_changed(profile, opts.out)
 
     path, rewritten = on_root(comm, write_out) if write else (opts.out, False)
     runtime.close()
     return TuneResult(profile, summaries, choices, time.monotonic() - t_start, path,
-                      rewritten)
+                      rewritten, busy=busy)
+
+
+def refusal(busy: str, out: str) -> str:
+    """``--busy refuse``'s one line: what was busy, that nothing was written, the ways on."""
+    return (f"--busy refuse: the machine was busy during the tune ({busy}): no profile "
+            f"written to {out}; the trials are kept: rerun on a quiet machine (the choices "
+            "measured while busy are measured again; --fresh redoes the search too), or "
+            "--busy warn to write it anyway")
+
+
+def _say(text: str) -> None:
+    """A line to the user from rank 0 (stderr, like the progress display), even under
+    --no-progress: a wait must not look like a hang."""
+    print(f"ringtune: {text}", file=sys.stderr, flush=True)
 
 
 def _choices(comm: Any, runtime: Communicator, opts: TuneOptions, storage: Any,
-             summaries: list[BucketSummary], progress: Progress) -> list[Choice]:
+             summaries: list[BucketSummary], progress: Progress, watch: TuneWatch,
+             busy_now: bool) -> tuple[list[Choice], bool]:
     """Each bucket's A/B choice: the one recorded in its study when it was made from the
-    same candidates (``autotune.replay``), else measured now and recorded."""
+    same candidates (``autotune.replay``) and not on a busy machine while this one is
+    quiet (``busy_now``), else measured now and recorded. Returns the choices and whether
+    any was measured now."""
     n = comm.Get_size()
     recorded = on_root(comm, lambda: replay.load_choices(storage, [s.study for s in summaries]))
     choices: list[Choice] = []
@@ -142,6 +196,8 @@ def _choices(comm: Any, runtime: Communicator, opts: TuneOptions, storage: Any,
     for i, s in enumerate(summaries):
         inputs = replay.choice_inputs(opts, summaries, i, n)
         choice = replay.reuse(recorded[i], inputs)
+        if choice is not None and choice.busy and not busy_now:
+            choice = None  # measured on a busy machine: this quiet one measures it again
         if choice is None:
             if not announced:
                 progress.line("re-measuring the best candidates against native "
@@ -150,12 +206,17 @@ def _choices(comm: Any, runtime: Communicator, opts: TuneOptions, storage: Any,
             t0 = time.monotonic()
             measured = ab_choice(runtime, opts, summaries, i)
             measured.seconds = time.monotonic() - t0
-            choice = on_root(comm, functools.partial(replay.save_choice, storage, s.study,
-                                                     measured, inputs))
+
+            def save(measured: Choice = measured, study: str = s.study,
+                     inputs: dict[str, Any] = inputs, nbytes: int = s.nbytes) -> Choice:
+                measured.busy = bool(watch.sample(f"A/B {size_text(nbytes)}"))
+                return replay.save_choice(storage, study, measured, inputs)
+
+            choice = on_root(comm, save)
         choices.append(choice)
     if not announced:
         progress.line("every bucket's A/B choice is recorded in the storage: reused")
-    return choices
+    return choices, announced
 
 
 def _write_if_changed(profile: dict[str, Any], path: str) -> tuple[str, bool]:

@@ -85,6 +85,11 @@ class MeasuredRecord:
     native_time_us: float | None = declare(None, ge=0, le=MAX_MEASURED)
     algbw_gbps: float | None = declare(None, ge=0, le=MAX_MEASURED)
     speedup: float | None = declare(None, ge=0, le=MAX_MEASURED)
+    #: The A/B's spread (max - min over the median of the chosen's or the runner-up's
+    #: rounds) exceeded the difference the choice rests on (``autotune.choose.ab_stability``):
+    #: written only when true; ``ringtune show`` marks the rule with ``!``.
+    unstable: bool | None = declare(None, null=False)
+    ab_spread: float | None = declare(None, null=False, ge=0, le=MAX_MEASURED)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Show a profile as a table: one row per rule, with the busbw measured when it was tuned
-and the speed-up over native.
+and the speed-up over native; a rule whose A/B spread exceeded its gain is marked ``!``, and
+a tune on a busy machine is said (``tuning.machine``).
 
 example:
   ringtune show profiles/local.yaml
@@ -28,6 +29,12 @@ def run(args: argparse.Namespace) -> int:
     if fp:
         print(f"topology fingerprint {fp}")
     print(rule_table(data))
+    from autotune.machine import summary_line
+
+    # Recorded by the tune (tuning.machine): the figures above were taken under load.
+    busy = summary_line((data.get("tuning") or {}).get("machine"), whose="its")
+    if busy:
+        print(busy)
     for sec in data.get("shapes") or []:
         # Sections for other job shapes (ringtune tune --shapes): one table each.
         topo = sec.get("topology") or {}

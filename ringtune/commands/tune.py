@@ -31,6 +31,10 @@ DEFAULT_OUT = "ringtune-profile.yaml"
 DEFAULT_TRIALS = 30
 DEFAULT_BUDGET_S = 200.0
 DEFAULT_TRIAL_TIMEOUT_S = 120.0
+DEFAULT_BUSY_WAIT_S = 600.0
+#: ``--busy`` (``autotune.machine.BUSY_MODES``; a unit test holds the two equal, so that
+#: building the parser imports nothing of autotune).
+BUSY_MODES = ("warn", "wait", "refuse")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,6 +78,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", action="store_true",
                    help="when another run holds the storage, wait for it to end instead of "
                         "refusing")
+    p.add_argument("--busy", default="warn", choices=BUSY_MODES,
+                   help="when other processes load this machine (they take the CPUs the "
+                        "ranks spin on, so timings are unstable): warn (default: say so at "
+                        "the start and in the summary, mark unstable rules, write), wait "
+                        "(first wait up to --busy-wait for a quiet machine), refuse (measure, "
+                        "but write no profile if it was busy; exit 2)")
+    p.add_argument("--busy-wait", type=float, default=DEFAULT_BUSY_WAIT_S, metavar="SECONDS",
+                   help="--busy wait: the longest wait for a quiet machine, then tune anyway "
+                        f"(default {DEFAULT_BUSY_WAIT_S:g})")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument("--shapes", default=None, metavar="LIST",
                    help="also tune these job shapes (rank counts, e.g. 1,2,4: the first N "
@@ -129,7 +142,9 @@ def _options(args: argparse.Namespace) -> TuneOptions:
                        trial_timeout_s=args.trial_timeout or None, margin=args.margin,
                        algorithms=algorithms, dtype=args.dtype, op=args.op, fresh=args.fresh,
                        report=args.report, progress=not args.no_progress, backend=backend,
-                       wait=args.wait, tensor_bytes=tensor_bytes)
+                       wait=args.wait, tensor_bytes=tensor_bytes,
+                       busy=getattr(args, "busy", "warn"),
+                       busy_wait_s=getattr(args, "busy_wait", DEFAULT_BUSY_WAIT_S))
 
 
 def _workload_tensors(path: str) -> list[int]:
@@ -232,6 +247,11 @@ def run(args: argparse.Namespace) -> int:
         done = "wrote" if result.rewritten else "unchanged (nothing new to measure):"
         print(f"{done} {result.path} in {result.seconds:.0f} s "
               f"(storage {result.profile['tuning']['storage']})")
+        from autotune.machine import summary_line
+
+        busy = summary_line(result.profile["tuning"].get("machine"), result.busy)
+        if busy:
+            print(busy, flush=True)
         if opts.report:
             paths = write_report(opts.report, result)
             print("report: " + ", ".join(paths))
