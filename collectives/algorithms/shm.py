@@ -340,6 +340,7 @@ class Shm(Algorithm):
         average = op == "avg"
         super().__init__(ctx, count, dtype, op, params)
         self.delegate: Algorithm | None = None
+        self.divide_after = False
         self.schedule: ShmSchedule | None = None
         if ctx.size == 1 or count == 0:
             self.trivial = True
@@ -370,13 +371,19 @@ class Shm(Algorithm):
                 why = str(exc)
         name = _fallback(ctx, why)
         cls = get_algorithm(name)
-        self.delegate = cls(ctx, count, dtype, op, cls.check_params({}, ctx.size))
+        # ``avg`` came here because shm divides itself; a fallback that does not sums,
+        # and this plan divides the result as the communicator would have.
+        self.divide_after = average and not cls.fuses_average
+        self.delegate = cls(ctx, count, dtype, "sum" if self.divide_after else op,
+                            cls.check_params({}, ctx.size))
 
     def run(self, buf: Any) -> None:
         if self.trivial:
             return
         if self.delegate is not None:
             self.delegate.run(buf)
+            if self.divide_after:
+                self.ctx.backend.divide(buf, self.ctx.size)
             return
         assert self.schedule is not None
         self.schedule.run(buf)

@@ -170,13 +170,16 @@ def test_shm_that_cannot_run_warns_once_and_uses_multiring(
         x = np.full(1000, world.Get_rank() + 1, dtype=np.float32)
         c.allreduce(x, "sum", algorithm="shm", transport="inproc")
         prepared = c.prepared(x, "sum", algorithm="shm", transport="inproc")
-        return float(x[0]), type(prepared.algo.delegate).__name__
+        # avg reaches shm undivided (it divides itself): the fallback must divide too.
+        y = np.full(1000, 3.0 * (world.Get_rank() + 1), dtype=np.float32)
+        c.allreduce(y, "avg", algorithm="shm", transport="inproc")
+        return float(x[0]) + float(y[0]) / 100, type(prepared.algo.delegate).__name__
 
     # The warnings machinery is the process's: record around every rank's thread.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = inproc.run_ranks(3, rank)
-    assert [r[0] for r in out] == [6.0] * 3
+    assert [r[0] for r in out] == [6.06] * 3  # sum 6, avg of 3, 6, 9 = 6
     assert {r[1] for r in out} == {"Multiring"}
     said = [str(w.message) for w in caught if "shm" in str(w.message)]
     assert len(said) == 1 and "using multiring instead" in said[0]
