@@ -63,10 +63,12 @@ class TuneWatch:
     Collective to make (``job_pids``), local to use."""
 
     def __init__(self, comm: Any, mode: str = "warn", pids: list[int] | None = None,
-                 err: TextIO | None = None, watch: MachineWatch | None = None) -> None:
+                 out: TextIO | None = None, watch: MachineWatch | None = None) -> None:
         self.mode = mode
         gathered = job_pids(comm)
-        self.err = err or sys.stderr
+        # Standard output, beside the plan of the run it qualifies: standard error is for
+        # what went wrong (a refusal is one line there, and tests count on it).
+        self.out = out or sys.stdout
         self.watch: MachineWatch | None = None
         if comm.Get_rank() == 0:
             ranks = pids or gathered
@@ -98,7 +100,7 @@ class TuneWatch:
         assert got is not None  # no shortest window asked for
         why = self.last = busy_reason(got)
         if why:
-            print(warning_line(why, self.mode), file=self.err, flush=True)
+            print(warning_line(why, self.mode), file=self.out, flush=True)
         self._note(got)
         return why
 

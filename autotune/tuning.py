@@ -186,8 +186,8 @@ def _choices(comm: Any, runtime: Communicator, opts: TuneOptions, storage: Any,
              summaries: list[BucketSummary], progress: Progress, watch: TuneWatch,
              busy_now: bool) -> tuple[list[Choice], bool]:
     """Each bucket's A/B choice: the one recorded in its study when it was made from the
-    same candidates (``autotune.replay``) and not on a busy machine while this one is
-    quiet (``busy_now``), else measured now and recorded. Returns the choices and whether
+    same candidates (``autotune.replay``) and, under ``--busy wait|refuse``, not on a busy
+    machine while this one is quiet (``busy_now``), else measured now and recorded. Returns the choices and whether
     any was measured now."""
     n = comm.Get_size()
     recorded = on_root(comm, lambda: replay.load_choices(storage, [s.study for s in summaries]))
@@ -196,8 +196,11 @@ def _choices(comm: Any, runtime: Communicator, opts: TuneOptions, storage: Any,
     for i, s in enumerate(summaries):
         inputs = replay.choice_inputs(opts, summaries, i, n)
         choice = replay.reuse(recorded[i], inputs)
-        if choice is not None and choice.busy and not busy_now:
-            choice = None  # measured on a busy machine: this quiet one measures it again
+        if choice is not None and choice.busy and not busy_now and opts.busy != "warn":
+            # Measured on a busy machine, and a quiet machine's figures asked for (--busy
+            # wait|refuse): this quiet one measures it again. Under warn (the default) a
+            # rerun with nothing new keeps writing the same bytes.
+            choice = None
         if choice is None:
             if not announced:
                 progress.line("re-measuring the best candidates against native "
