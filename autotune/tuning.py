@@ -187,8 +187,8 @@ def _choices(comm: Any, runtime: Communicator, opts: TuneOptions, storage: Any,
              busy_now: bool) -> tuple[list[Choice], bool]:
     """Each bucket's A/B choice: the one recorded in its study when it was made from the
     same candidates (``autotune.replay``) and, under ``--busy wait|refuse``, not on a busy
-    machine while this one is quiet (``busy_now``), else measured now and recorded. Returns the choices and whether
-    any was measured now."""
+    machine while this one is quiet (``busy_now``), else measured now and recorded.
+    Returns the choices and whether any was measured now."""
     n = comm.Get_size()
     recorded = on_root(comm, lambda: replay.load_choices(storage, [s.study for s in summaries]))
     choices: list[Choice] = []
