@@ -44,22 +44,23 @@ def label(nbytes: int) -> str:
     return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
 
 
-def time_gloo(nbytes: int, warmup: int, iters: int) -> float:
-    """Median over iterations of the slowest rank's time (s) of one in-place all_reduce."""
+def time_gloo(nbytes: int, warmup: int, iters: int, group: object = None) -> float:
+    """Median over iterations of the slowest rank's time (s) of one in-place all_reduce
+    over ``group`` (default: the gloo world; ``--ringtune``: the ringtune backend's)."""
     n, rank = dist.get_world_size(), dist.get_rank()
     buf = torch.full((nbytes // 4,), float(rank + 1), dtype=torch.float32)
-    dist.all_reduce(buf)
+    dist.all_reduce(buf, group=group)
     expected = n * (n + 1) / 2
     if nbytes >= 4 and not bool(torch.all(buf == expected)):
-        raise SystemExit(f"rank {rank}: gloo's sum at {nbytes} B is wrong "
+        raise SystemExit(f"rank {rank}: the sum at {nbytes} B is wrong "
                          f"(expected {expected}, got {buf[:4].tolist()} ...)")
     for _ in range(warmup):
-        dist.all_reduce(buf)
+        dist.all_reduce(buf, group=group)
     times = torch.zeros(iters, dtype=torch.float64)
     for i in range(iters):
         dist.barrier()
         t = time.perf_counter()
-        dist.all_reduce(buf)
+        dist.all_reduce(buf, group=group)
         times[i] = time.perf_counter() - t
     dist.all_reduce(times, op=dist.ReduceOp.MAX)  # each iteration: the slowest rank
     return statistics.median(times.tolist())
@@ -72,21 +73,43 @@ def main() -> int:
     ap.add_argument("-f", "--factor", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--ringtune", action="store_true",
+                    help="also time the registered 'ringtune' backend (no profile: its "
+                         "built-in defaults), interleaved with gloo size by size, in "
+                         "--rounds rounds")
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
     init_gloo(MPI.COMM_WORLD)
     n = dist.get_world_size()
-    rows = []
-    for nbytes in size_list(args.min_bytes, args.max_bytes, args.factor):
-        t = time_gloo(nbytes, args.warmup, args.iters)
-        busbw = nbytes / t / 1e9 * (2 * (n - 1) / n if n > 1 else 1.0)
-        rows.append((nbytes, t, busbw))
+    factor = 2 * (n - 1) / n if n > 1 else 1.0
+    arms: dict[str, object] = {"gloo": None}
+    if args.ringtune:
+        import collectives.torch  # noqa: F401 - registers the "ringtune" backend
+
+        arms["ringtune"] = dist.new_group(backend="ringtune")
+    sizes = size_list(args.min_bytes, args.max_bytes, args.factor)
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(args.rounds):
+        for nbytes in sizes:
+            for arm, group in arms.items():
+                times.setdefault((arm, nbytes), []).append(
+                    time_gloo(nbytes, args.warmup, args.iters, group))
     if dist.get_rank() == 0:
-        print(f"# gloo allreduce, {n} ranks, float32 sum, torch {torch.__version__}; slowest "
-              f"rank, median of {args.iters}")
-        print("| size | gloo ms | gloo busbw (GB/s) |")
-        print("|---|---|---|")
-        for nbytes, t, busbw in rows:
-            print(f"| {label(nbytes)} | {t * 1e3:.3f} | {busbw:.2f} |", flush=True)
+        print(f"# {' and '.join(arms)} allreduce, {n} ranks, float32 sum, torch "
+              f"{torch.__version__}; slowest rank, median of {args.iters}, median of "
+              f"{args.rounds} interleaved rounds; load average "
+              f"{os.getloadavg()[0]:.2f} at the end")
+        cols = [f"{a} {what}" for a in arms for what in ("ms", "busbw (GB/s)")]
+        extra = ["ringtune / gloo"] if args.ringtune else []
+        print("| size | " + " | ".join(cols + extra) + " |")
+        print("|" + "---|" * (len(cols) + len(extra) + 1))
+        for nbytes in sizes:
+            med = {a: statistics.median(times[(a, nbytes)]) for a in arms}
+            cells = [f"{v:.{k}f}" for a in arms
+                     for v, k in ((med[a] * 1e3, 3), (nbytes / med[a] / 1e9 * factor, 2))]
+            if args.ringtune:
+                cells.append(f"{med['gloo'] / med['ringtune']:.2f}x")
+            print(f"| {label(nbytes)} | " + " | ".join(cells) + " |", flush=True)
     dist.destroy_process_group()
     return 0
 

@@ -422,6 +422,45 @@ def cost_model(r: Runner) -> dict[str, Any]:
     return {"columns": header, "rows": rows, "notes": notes}
 
 
+def shm(r: Runner) -> dict[str, Any]:
+    """ringtune's shared-memory allreduce (``shm``) against each library's own and gloo on
+    one host, 2 and 4 ranks: ``bench_shm.py`` under MPICH (and its native column under
+    Open MPI), and under torch the registered ``ringtune`` backend with no profile (its
+    defaults: shm at every size on one host) against gloo's all_reduce in the same job."""
+    sizes = "-b 65536 -e 1048576 --iters 3 --rounds 1" if r.quick else "--rounds 3"
+    gloo_sizes = ("-b 65536 -e 1048576 --iters 3 --rounds 1" if r.quick
+                  else "-b 65536 -e 67108864 -f 4 --rounds 3")
+    cpus = len(os.sched_getaffinity(0))
+    columns = ["ranks", "size", "MPICH", "Open MPI", "shm", "shm / MPICH", "mr r2 seg",
+               "gloo", "ringtune backend", "backend / gloo"]
+    rows: list[list[str]] = []
+    notes: list[str] = []
+    for n in (2, 4):
+        out = r.sh(f"mpiexec -n {n} python -m mpi4py benchmarks/bench_shm.py {sizes}")
+        header, body = table_with(out, "size")
+        over = " --oversubscribe" if n > cpus else ""
+        ompi = peer_column(r, f"ompi-mpiexec{over} -n {n} ompi-python -m mpi4py "
+                              f"benchmarks/bench_shm.py {sizes}")
+        torch = peer_column(r, f"torch-mpiexec -n {n} torch-python benchmarks/bench_gloo.py "
+                               f"--ringtune {gloo_sizes}")
+        shm_cols = [i for i, h in enumerate(header) if h.startswith("shm ")]
+        for row in body:
+            native = float(row[header.index("native")])
+            best = max(float(row[i]) for i in shm_cols)
+            chunk = header[max(shm_cols, key=lambda i: float(row[i]))][4:]
+            t = torch.get(row[0], [])
+            rows.append([str(n), row[0], row[header.index("native")],
+                         ompi.get(row[0], ["-"])[0], f"{best:.2f} ({chunk})",
+                         f"{best / native:.2f}x", row[header.index("mr r2 seg")],
+                         t[1] if t else "-", t[3] if t else "-", t[4] if t else "-"])
+        notes += [f"{n} ranks: {line}" for line in out.splitlines()
+                  if line.startswith(("copy bound", "# "))]
+    notes.append("busbw GB/s; MPICH, Open MPI: each library's own MPI_Allreduce; shm: the "
+                 "best of its three chunk sizes (in brackets); gloo and the ringtune backend: "
+                 "torch.distributed all_reduce in one job, interleaved")
+    return {"columns": columns, "rows": rows, "notes": notes}
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -448,6 +487,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         "lines", "size", ("copy bound", "MPICH", "ringtune on MPICH", "Open MPI",
                           "ringtune on Open MPI", "Intel MPI", "ringtune on Intel MPI", "gloo"),
         "busbw (GB/s)", group="ranks")),
+    Scenario("shm", shm, Plot(
+        "lines", "size", ("MPICH", "Open MPI", "shm", "mr r2 seg", "gloo",
+                          "ringtune backend"), "busbw (GB/s)", group="ranks")),
     Scenario("cost-model", cost_model, Plot(
         "scatter", "measured (µs)", ("predicted (µs)",), "predicted (µs)",
         xlabel="measured (µs)")),
