@@ -42,7 +42,7 @@ def report(world: Any, fails: list[str], **result: Any) -> None:
 def contract() -> None:
     from collectives import Communicator
     from collectives.engines.torch import TorchComm
-    from tests import contract as suite
+    from collectives.testing import contract as suite
 
     dist.init_process_group("gloo", timeout=TIMEOUT)
     world = TorchComm(dist.group.WORLD)

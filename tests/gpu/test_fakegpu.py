@@ -143,8 +143,8 @@ def test_nccl_transport_without_its_wait_delivers_wrong_data(
     from collectives import Communicator
     from collectives.cuda import available_transports
     from collectives.cuda.nccl import NcclLink
+    from collectives.testing.results import check_input, mismatches
 
-    from ..results import check_input, mismatches
     from .conftest import agree
 
     world = MPI.COMM_WORLD

@@ -1,9 +1,9 @@
-"""The allreduce contract (``tests/contract.py``) on GPU buffers: every registered algorithm
-and parameter family × every GPU transport available on all ranks, on the world
-communicator (defaults: every size × op, each dtype × op pair at some size), a ``Dup()``
-and a ``Split()`` with non-contiguous ranks; closed-form results and bitwise agreement
-across ranks. Plus the GPU errors: NCCL with two ranks on one GPU, mixed host/GPU buffers
-under ``RINGTUNE_CHECK=1``. Works at any world size; skipped without a GPU.
+"""The allreduce contract (``collectives/testing/contract.py``) on GPU buffers: every registered
+algorithm and parameter family × every GPU transport available on all ranks, on the world
+communicator (defaults: every size × op, each dtype × op pair at some size), a ``Dup()`` and a
+``Split()`` with non-contiguous ranks; closed-form results and bitwise agreement across ranks. Plus
+the GPU errors: NCCL with two ranks on one GPU, mixed host/GPU buffers under ``RINGTUNE_CHECK=1``.
+Works at any world size; skipped without a GPU.
 
 Run: ``mpiexec -n K python -m mpi4py -m pytest tests/gpu`` (K = 1, 2, …; on a one-GPU
 machine the ranks share the GPU, so NCCL's multi-rank tests skip with that reason while
@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from .. import contract
+from collectives.testing import contract
+
 from .conftest import GPU_OK, agree
 
 WORLD: Any = None

@@ -1,9 +1,9 @@
-"""The transport contract (``tests/transport_contract.py``) on GPU buffers: every registered
-user transport that moves CuPy buffers over the ``mpi`` engine (asked of the registries:
-``staged``, ``nccl``, CUDA-aware ``mpi``, a plug-in's tomorrow), each check on the world (and
-its ``Dup()``/``Split()``). One not available on every rank here (``nccl`` where ranks share
-a GPU, ``mpi`` without CUDA-aware MPI) is skipped with what every rank has. Runs on the
-simulated GPU in ``make gpu-sim`` (every rank count, CUDA-aware MPI, one GPU per rank)."""
+"""The transport contract (``collectives/testing/transport_contract.py``) on GPU buffers: every
+registered user transport that moves CuPy buffers over the ``mpi`` engine (asked of the registries:
+``staged``, ``nccl``, CUDA-aware ``mpi``, a plug-in's tomorrow), each check on the world (and its
+``Dup()``/``Split()``). One not available on every rank here (``nccl`` where ranks share a GPU,
+``mpi`` without CUDA-aware MPI) is skipped with what every rank has. Runs on the simulated GPU in
+``make gpu-sim`` (every rank count, CUDA-aware MPI, one GPU per rank)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from .. import transport_contract as tc
+from collectives.testing import transport_contract as tc
+
 from .conftest import GPU_OK, agree
 
 TRANSPORTS = tc.runnable("mpi", "cupy")

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from collectives import Communicator  # noqa: E402
 from collectives.engines.torch import TorchComm  # noqa: E402
-from tests import contract  # noqa: E402
-from tests.results import check_input, mismatches  # noqa: E402
+from collectives.testing import contract  # noqa: E402
+from collectives.testing.results import check_input, mismatches  # noqa: E402
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "cpu:gloo,cuda:nccl"
 LOCAL = int(os.environ.get("LOCAL_RANK", "0"))

@@ -1,12 +1,13 @@
-"""The allreduce contract (``tests/contract.py``) under ``mpiexec``, at any world size.
+"""The allreduce contract (``collectives/testing/contract.py``) under ``mpiexec``, at any
+world size.
 
 The suite body is the one the in-process sweep runs (``tests/unit/test_contract_inproc.py``)
 over real MPI: every registered algorithm and parameter family, sizes {0, 1, 2, n−1,
 n·rings·3+1, 37, 97}, on the world communicator (defaults: every dtype × op; families:
 every op with the dtype rotating, so each pair runs at some size), a ``Dup()`` and a
 ``Split()`` with non-contiguous ranks (lighter); results equal to the closed form of
-``tests/results.py`` and bitwise identical on every rank. Then ~1M elements, a shaped
-buffer, the profile's default choice and the plan cache. A new algorithm is tested here
+``collectives/testing/results.py`` and bitwise identical on every rank. Then ~1M elements,
+a shaped buffer, the profile's default choice and the plan cache. A new algorithm is tested here
 the moment it is registered (with its default parameters).
 """
 
@@ -18,9 +19,9 @@ import numpy as np
 import pytest
 
 from collectives.ops import DTYPES, OPS
+from collectives.testing import contract
+from collectives.testing.results import check_input, disagreement, mismatches
 
-from .. import contract
-from ..results import check_input, disagreement, mismatches
 from .conftest import WORLD, agree
 
 #: (Communicator, kind, label) over the world, a ``Dup()`` and a ``Split()`` of it.

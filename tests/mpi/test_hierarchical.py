@@ -2,9 +2,9 @@
 
 Run under ``mpiexec -n K python -m mpi4py -m pytest tests/mpi/test_hierarchical.py`` for K in
 1..4. Every grid family, inner choice, dtype and op is in the allreduce contract
-(``tests/contract.py``, run by ``test_contract.py``); here: large random buffers, the
+(``collectives/testing/contract.py``, run by ``test_contract.py``); here: large random buffers, the
 defaults, host layouts, bad parameters and the tuner's search space. Checks of results use
-``tests/results.py``; verdicts are gathered from all ranks before asserting.
+``collectives/testing/results.py``; verdicts are gathered from all ranks before asserting.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from collectives.algorithms.hierarchical import (
     factorisations,
 )
 from collectives.registry import get_backend
+from collectives.testing.results import check_input, mismatches
 from collectives.transports.mpi import MpiTransport
 
-from ..results import check_input, mismatches
 from .conftest import agree
 
 WORLD = MPI.COMM_WORLD

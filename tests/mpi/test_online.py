@@ -18,8 +18,8 @@ import pytest
 from collectives import AgreementError, Communicator, TopologyMismatchError
 from collectives.online import TuneOutLock
 from collectives.profile import load_profile, write_profile
+from collectives.testing.results import check_input, digest, expected
 
-from ..results import check_input, digest, expected
 from .conftest import WORLD, agree
 
 N = WORLD.Get_size()

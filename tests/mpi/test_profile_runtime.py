@@ -18,8 +18,8 @@ import pytest
 
 from collectives import AgreementError, Communicator, ProfileError, TopologyMismatchError
 from collectives.profile import write_profile
+from collectives.testing.results import check_input, mismatches
 
-from ..results import check_input, mismatches
 from .conftest import WORLD, agree
 
 N = WORLD.Get_size()

@@ -1,14 +1,15 @@
-"""The transport contract (``tests/transport_contract.py``) under ``mpiexec``, at any world
-size: every registered user transport that the ``mpi`` engine runs on host buffers (asked
-of the registries: ``mpi``, and a plug-in's tomorrow), each check on the world (and its
-``Dup()``/``Split()``). Transports this runner cannot run are skipped with the reason and
-the runner that tests them (``-rs``)."""
+"""The transport contract (``collectives/testing/transport_contract.py``) under ``mpiexec``, at any
+world size: every registered user transport that the ``mpi`` engine runs on host buffers (asked of
+the registries: ``mpi``, and a plug-in's tomorrow), each check on the world (and its
+``Dup()``/``Split()``). Transports this runner cannot run are skipped with the reason and the
+runner that tests them (``-rs``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from .. import transport_contract as tc
+from collectives.testing import transport_contract as tc
+
 from .conftest import WORLD, agree
 
 TRANSPORTS = tc.runnable("mpi", "numpy")

@@ -1,11 +1,11 @@
-"""The allreduce contract (``tests/contract.py``) over the ``torch`` engine, under torchrun:
-every registered algorithm and parameter family over gloo, sizes {0, 1, 2, n−1,
-n·rings·3+1, 37, 97}, on ``Communicator(torch.distributed.group.WORLD)``, a ``Dup()`` and
-a ``Split()`` with non-contiguous ranks in reversed order (gloo groups of ringtune's own,
-made from the job's store), results equal to the closed form of ``tests/results.py`` and
-bitwise identical on every rank; then a group from ``new_group``, larger buffers, a shaped
-buffer, the default choice and the plan cache. A new algorithm is tested here the moment
-it is registered."""
+"""The allreduce contract (``collectives/testing/contract.py``) over the ``torch`` engine,
+under torchrun: every registered algorithm and parameter family over gloo, sizes {0, 1, 2,
+n−1, n·rings·3+1, 37, 97}, on ``Communicator(torch.distributed.group.WORLD)``, a ``Dup()``
+and a ``Split()`` with non-contiguous ranks in reversed order (gloo groups of ringtune's
+own, made from the job's store), results equal to the closed form of
+``collectives/testing/results.py`` and bitwise identical on every rank; then a group from
+``new_group``, larger buffers, a shaped buffer, the default choice and the plan cache. A new
+algorithm is tested here the moment it is registered."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from collectives import Communicator
 from collectives.ops import DTYPES, OPS
+from collectives.testing import contract
 
-from .. import contract
 from .conftest import RANK, SIZE, agree, world
 
 #: (Communicator, kind, label) over the world group, a ``Dup()`` and a ``Split()`` of it.

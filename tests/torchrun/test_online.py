@@ -17,10 +17,10 @@ from train_digits import capped_ddp, make_model
 
 from collectives import Communicator
 from collectives.profile import load_profile
+from collectives.testing.results import check_input, expected
 from collectives.torch import HookState, ddp_hook
 
 from ..ddputil import track
-from ..results import check_input, expected
 from .conftest import RANK, SIZE, agree, world
 
 COUNTS = (5, 1001, 70003)

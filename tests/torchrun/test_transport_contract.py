@@ -1,14 +1,15 @@
-"""The transport contract (``tests/transport_contract.py``) over the ``torch`` engine,
-under torchrun: every registered user transport the engine runs on host buffers (asked of
+"""The transport contract (``collectives/testing/transport_contract.py``) over the ``torch``
+engine, under torchrun: every registered user transport the engine runs on host buffers (asked of
 the registries: ``torch``, over gloo), each check on the world group (and its ``Dup()`` and
-``Split()``: gloo groups of ringtune's own). Transports this runner cannot run are skipped
-with the reason and the runner that tests them (``-rs``)."""
+``Split()``: gloo groups of ringtune's own). Transports this runner cannot run are skipped with the
+reason and the runner that tests them (``-rs``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from .. import transport_contract as tc
+from collectives.testing import transport_contract as tc
+
 from .conftest import agree, world
 
 TRANSPORTS = tc.runnable("torch", "numpy")

@@ -1,4 +1,5 @@
-"""The allreduce contract (``tests/contract.py``) at every world size 1..16, in-process.
+"""The allreduce contract (``collectives/testing/contract.py``) at every world size 1..16,
+in-process.
 
 Threads stand for ranks (``tests/inproc.py``); the real ``Communicator`` runs every
 registered algorithm over the ``inproc`` transport on the world communicator, a ``Dup()``
@@ -15,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests import contract, inproc
+from collectives.testing import contract
+from tests import inproc
 
 SIZES = list(range(1, 17))
 

@@ -13,11 +13,11 @@ order on both sides. Sends are synchronous (``Issend``) and groups run one after
 on the stream, as large NCCL transfers do: a cycle of groups waiting for each other across
 ranks would hang the run (it is bounded by a timeout) instead of hiding in eager buffers.
 
-The multi-rank part runs the allreduce contract (``tests/contract.py``) over both transports
-in an in-process world (``tests/inproc.py``, one thread and one simulated GPU per rank) at
-several world sizes, on the world, a ``Dup()`` and a ``Split()``; and this file under
-``mpiexec -n 3`` (``python -m mpi4py``; ``tests/cli/test_cuda_transports.py`` runs it) for
-what needs processes: set-up errors agreed over MPI and ``Communicator`` on GPU buffers
+The multi-rank part runs the allreduce contract (``collectives/testing/contract.py``) over
+both transports in an in-process world (``tests/inproc.py``, one thread and one simulated GPU
+per rank) at several world sizes, on the world, a ``Dup()`` and a ``Split()``; and this file
+under ``mpiexec -n 3`` (``python -m mpi4py``; ``tests/cli/test_cuda_transports.py`` runs it)
+for what needs processes: set-up errors agreed over MPI and ``Communicator`` on GPU buffers
 with the registry's backend replaced.
 """
 
@@ -556,10 +556,12 @@ KINDS = ("staged", "staged-nccl-native", "nccl")
 @pytest.mark.parametrize("n,comm_kind", [(2, "world"), (3, "world"), (5, "world"),
                                          (4, "split"), (7, "split"), (3, "dup")])
 def test_gpu_transports_contract_in_process(n: int, comm_kind: str) -> None:
-    """The allreduce contract (``tests/contract.py``) over ``staged`` and (fake) ``nccl``
-    on the simulated GPU, every rank a thread of an in-process world (``tests/inproc.py``),
-    one "GPU" per rank: every registered algorithm, every size once, op and dtype rotating."""
-    from tests import contract, inproc
+    """The allreduce contract (``collectives/testing/contract.py``) over ``staged`` and (fake)
+    ``nccl`` on the simulated GPU, every rank a thread of an in-process world
+    (``tests/inproc.py``), one "GPU" per rank: every registered algorithm, every size once, op and
+    dtype rotating."""
+    from collectives.testing import contract
+    from tests import inproc
 
     def rank(world: Any) -> list[str]:
         comm, label = contract.communicator(world, comm_kind)

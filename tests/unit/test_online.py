@@ -27,8 +27,8 @@ from collectives.online import (
 )
 from collectives.plan import Config
 from collectives.profile import Profile, Rule, profile_from_dict
+from collectives.testing.results import check_input, expected
 from tests import inproc
-from tests.results import check_input, expected
 
 A, B, C = Config("native"), Config("rhd"), Config("multiring", {"rings": 2})
 

@@ -2,8 +2,8 @@
 (``collectives.algorithms.steps``), the parameter's checks, its search space and its cost.
 
 Its results (every dtype/op, odd sizes, fewer elements than pieces, world sizes 1..16) are
-the contract's (``tests/contract.py`` families); here what the contract cannot see: the
-driver's order and fallback, and the model's formula written out independently.
+the contract's (``collectives/testing/contract.py`` families); here what the contract
+cannot see: the driver's order and fallback, and the model's formula written out independently.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from autotune.space import suggest
 from collectives.algorithms import get_algorithm
 from collectives.algorithms.hierarchical import PIPELINE_CHOICES
 from collectives.algorithms.steps import Steps, interleave, run_blocking
+from collectives.testing.results import check_input, mismatches
 from collectives.transport import Pending
 from tests import inproc
-from tests.results import check_input, mismatches
 
 ROOT = __file__.rsplit("/tests/", 1)[0]
 H = get_algorithm("hierarchical")

@@ -1,5 +1,5 @@
-"""The transport contract (``tests/transport_contract.py``) over the test-only ``inproc``
-transport, in-process: threads stand for ranks (``tests/inproc.py``), world sizes 1..5.
+"""The transport contract (``collectives/testing/transport_contract.py``) over the test-only
+``inproc`` transport, in-process: threads stand for ranks (``tests/inproc.py``), world sizes 1..5.
 The same checks run over real transports under ``mpiexec`` (``tests/mpi``), torchrun
 (``tests/torchrun``) and the simulated GPU (``tests/gpu``); this runner proves the suite on
 the stand-in every in-process test relies on."""
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from collectives.testing import transport_contract as tc
 from tests import inproc
-from tests import transport_contract as tc
 
 
 @pytest.fixture(autouse=True)

@@ -41,8 +41,9 @@ from collectives.algorithms.registry import user_algorithm_names
 from collectives.errors import ProfileError
 from collectives.profile import MAX_RULES, load_profile, profile_from_dict
 from collectives.registry import backend_names, transport_refusal, user_transport_names
+from collectives.testing import contract
 from probes.topology import MAX_GPUS_PER_HOST, MAX_RANKS, Topology, TopologyError
-from tests import contract, inproc
+from tests import inproc
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "profiles" / "clusters" / "dgx-h100-32.yaml"

@@ -1,7 +1,9 @@
 """The transport contract, written once: what every registered transport must do for the
 algorithms (``collectives/transport.py``), over any engine's communicator and backend.
 
-Runners: ``tests/mpi/test_transport_contract.py`` (``mpiexec``, 1–4 ranks: every registered
+Shipped in the package so that a transport outside the tree runs the same contract as the
+built-ins (CONTRIBUTING.md, "Run the contract on your plug-in"). Runners:
+``tests/mpi/test_transport_contract.py`` (``mpiexec``, 1–4 ranks: every registered
 user transport the ``mpi`` engine runs on host buffers), ``tests/unit/
 test_transport_contract_inproc.py`` (the test-only ``inproc`` over threads, 1–5 ranks),
 ``tests/torchrun/test_transport_contract.py`` (``torch`` under torchrun) and
@@ -46,8 +48,7 @@ from typing import Any
 import numpy as np
 
 from collectives.ops import DTYPES, OPS
-
-from .results import check_input, mismatches
+from collectives.testing.results import check_input, mismatches
 
 
 def _same(x: Any) -> Any:
@@ -118,7 +119,7 @@ def _compare(setup: Setup, got: Any, want: np.ndarray, what: str) -> list[str]:
     host = setup.download(got)
     if host.shape == want.shape and np.array_equal(host.view(np.uint8), want.view(np.uint8)):
         return []
-    bad = np.flatnonzero(host != want) if host.shape == want.shape else []
+    bad: Any = np.flatnonzero(host != want) if host.shape == want.shape else []
     first = (f"first at index {int(bad[0])}: expected {want[int(bad[0])]!r}, got "
              f"{host[int(bad[0])]!r}" if len(bad) else f"shape {host.shape} != {want.shape}")
     return [f"{setup.transport}: {what}: {len(bad)} of {want.size} wrong, {first}"]

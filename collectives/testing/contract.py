@@ -1,15 +1,19 @@
 """The allreduce contract, written once: what every registered algorithm must do, over any
 backend, transport and communicator.
 
-Three runners use it: ``tests/unit/test_contract_inproc.py`` (threads as ranks,
-``tests/inproc.py``, every world size 1..16), ``tests/mpi/test_contract.py`` (``mpiexec``,
-1..4 ranks, and across emulated hosts) and ``tests/gpu/test_gpu_allreduce.py`` (GPU buffers
-over ``staged``, ``nccl`` and CUDA-aware ``mpi``; on the simulated GPU in ``make gpu-sim``).
+Shipped in the package so that a plug-in (an algorithm, transport or MPI library outside
+the tree) runs the same contract as the built-ins (CONTRIBUTING.md, "Run the contract on
+your plug-in"). ringtune's runners: ``tests/unit/test_contract_inproc.py`` (threads as
+ranks, ``tests/inproc.py``, every world size 1..16), ``tests/mpi/test_contract.py``
+(``mpiexec``, 1..4 ranks, and across emulated hosts), ``tests/torchrun/test_contract.py``
+and ``tests/gpu/test_gpu_allreduce.py`` (GPU buffers over ``staged``, ``nccl`` and
+CUDA-aware ``mpi``; on the simulated GPU in ``make gpu-sim``). Nothing here needs pytest
+but ``kind_comm_fixture``, which imports it when called.
 
 The contract: for every registered algorithm (``algorithm_names()``; only the test-only
 ``sleep`` family is left out) with its default parameters and every parameter family named
 in ``FAMILIES``, on sizes {0, 1, 2, n−1, n·rings·3+1, 37, 97}, every dtype and op, the
-result equals the closed form of ``tests/results.py`` and is bitwise identical on every
+result equals the closed form of ``collectives.testing.results`` and is bitwise identical on every
 rank — on the world communicator, a ``Dup()`` of it and a ``Split()`` whose groups hold
 non-contiguous world ranks in reversed order (``communicator``). An algorithm registered
 tomorrow is tested here with its defaults without an edit; its module may add families.
@@ -28,8 +32,7 @@ import numpy as np
 from collectives.algorithms import algorithm_names, get_algorithm
 from collectives.algorithms.hierarchical import factorisations
 from collectives.ops import DTYPES, OPS
-
-from .results import check_input, disagreement, mismatches
+from collectives.testing.results import check_input, disagreement, mismatches
 
 #: Registered algorithms the contract leaves out: test-only ones that sleep on purpose.
 TEST_ONLY = frozenset({"sleep"})
@@ -220,7 +223,12 @@ def run_configs(comm: Any, cfgs: list[Config], setup: Setup = Setup(), density: 
     ``density`` cases (``cases``) for an algorithm's defaults, ``family_density`` (default:
     the same) for its parameter families."""
     fails: list[str] = []
+    # Across hosts a grid with a host-only inner (shm) fits only some layouts: the flat
+    # ``shm`` (its own two-tier grid there) stands for them.
+    spans_hosts = len(set(getattr(comm, "hosts", ()) or (0,))) > 1
     for i, (algo, params) in enumerate(cfgs):
+        if spans_hosts and params.get("inner") and _host_only("hierarchical", params):
+            continue
         dens = density if not params or family_density is None else family_density
         for count, dtype, op in cases(comm.size, params, dens, offset=i):
             fails += check_one(comm, algo, params, count, dtype, op, setup, where)
