@@ -255,12 +255,13 @@ class Driver:
         _, rule = builtin_profile(self.world_size).select(self.nbytes)
         guesses.append(Config(rule.algorithm, rule.params))
         # The hand-made guesses both tuners share (``collectives.candidates.guesses``), by
-        # name: two whole-segment rings and halving-doubling after the defaults' choice,
+        # name: shared memory (one host), two whole-segment rings and halving-doubling
+        # after the defaults' choice,
         # and the library's flat composition (one of many native configurations there,
         # often better than its own choice across hosts) first among the guesses; a guess
         # outside the space is dropped below.
         shared = candidate_guesses(self.world_size, self.nbytes, self.hosts)
-        guesses += [shared[name] for name in ("two_rings", "rhd")]
+        guesses += [shared[name] for name in ("shm", "two_rings", "rhd") if name in shared]
         if "flat_composition" in shared:
             guesses.insert(0, shared["flat_composition"])
         try:

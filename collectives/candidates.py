@@ -143,6 +143,9 @@ def guesses(world_size: int, nbytes: int, hosts: int = 1,
                 out["grid_pipelined"] = Config("hierarchical", {**grid, "chunk_bytes": 1 << 20,
                                                                 "pipeline": 8})
             out["grid"] = Config("hierarchical", grid)
+            # The same grid with shared memory inside the hosts (DDL's shape with the
+            # fastest path on each tier).
+            out["grid_shm"] = Config("hierarchical", {**grid, "inner": ["shm", "multiring"]})
         from .natives import current
 
         # The library's flat composition (``NativeLibrary.flat_composition``: one of many
@@ -151,6 +154,8 @@ def guesses(world_size: int, nbytes: int, hosts: int = 1,
         if flat:
             out["flat_composition"] = Config("native", {"composition": flat})
     out["native"] = Config("native")
+    if hosts <= 1:
+        out["shm"] = Config("shm")  # ringtune's own shared memory, the host's fastest path
     out["two_rings"] = Config("multiring", {"rings": 2, "chunk_bytes": 0})
     out["rhd"] = Config("rhd")
     out["one_ring"] = Config("multiring", {"rings": 1, "chunk_bytes": 0})
