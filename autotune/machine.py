@@ -22,7 +22,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-from probes.busy import MachineWatch, Sample, busy_reason, wait_for_quiet
+from probes.busy import (
+    MachineWatch,
+    ProcReader,
+    Sample,
+    busy_reason,
+    start_time,
+    wait_for_quiet,
+)
 
 #: ``--busy``: ``warn`` says so and writes; ``wait`` first waits (``--busy-wait``) for a quiet
 #: machine; ``refuse`` measures but writes no profile if the machine was busy (exit 2).
@@ -39,12 +46,19 @@ MIN_WINDOW_S = 0.5
 MAX_SAMPLES = 40
 
 
-def job_pids(comm: Any) -> list[int]:
-    """The process ids of ``comm``'s ranks on rank 0's host (collective): the job's own
-    processes, whose CPU use is not "other processes"."""
-    everyone = comm.allgather((socket.gethostname(), os.getpid()))
+def job_pids(comm: Any, reader: ProcReader | None = None) -> list[int]:
+    """The process ids of ``comm``'s ranks that run on rank 0's machine (collective; the
+    list is rank 0's): the job's own processes, whose CPU use is not "other processes". A
+    rank is here when this machine has a process of its pid that started when it did:
+    emulated hosts (``ringtune emulate``) have host names of their own but share the CPUs.
+    Without ``/proc``, the ranks with rank 0's host name."""
+    everyone = comm.allgather((socket.gethostname(), os.getpid(), start_time(reader=reader)))
+    if comm.Get_rank() != 0:
+        return []
     here = everyone[0][0]
-    return [pid for host, pid in everyone if host == here]
+    return [everyone[0][1]] + [  # rank 0 is this process
+        pid for host, pid, start in everyone[1:]
+        if (start_time(pid, reader) == start if start is not None else host == here)]
 
 
 def warning_line(reason: str, mode: str) -> str:
@@ -65,7 +79,7 @@ class TuneWatch:
     def __init__(self, comm: Any, mode: str = "warn", pids: list[int] | None = None,
                  out: TextIO | None = None, watch: MachineWatch | None = None) -> None:
         self.mode = mode
-        gathered = job_pids(comm)
+        gathered = job_pids(comm, watch.reader if watch else None)
         # Standard output, beside the plan of the run it qualifies: standard error is for
         # what went wrong (a refusal is one line there, and tests count on it).
         self.out = out or sys.stdout

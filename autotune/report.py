@@ -204,6 +204,7 @@ def write_report(folder: str, result: Any) -> list[str]:
 
     md = ["# ringtune tuning report", "", profile_heading(result.profile, result.path), "",
           "## Rules", "", markdown_table(RULE_HEADER, rule_rows(result.profile)), "",
+          *([note, ""] if (note := unstable_note(result.profile)) else []),
           "## Buckets (interleaved A/B re-measurement against native)", "",
           markdown_table(BUCKET_HEADER, bucket_rows(result)), "",
           *[f"- {human_bytes(c.nbytes)}: {c.note}" for c in result.choices if c.note],

@@ -86,6 +86,9 @@ class Proc:
     comm: str
     ppid: int
     ticks: int
+    #: When it started (clock ticks since boot): with the pid, it names one process of
+    #: this machine's boot (a pid alone may be another host's, or reused).
+    start: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,10 +147,21 @@ def parse_stat_line(text: str) -> Proc | None:
         return None
     fields = tail.split()
     try:
-        # Fields 4 (ppid), 14 (utime) and 15 (stime) of proc(5); the state is field 3.
-        return Proc(head.split("(", 1)[1], int(fields[1]), int(fields[11]) + int(fields[12]))
+        # Fields 4 (ppid), 14 (utime), 15 (stime) and 22 (starttime) of proc(5); the state
+        # is field 3.
+        start = int(fields[19]) if len(fields) > 19 else 0
+        return Proc(head.split("(", 1)[1], int(fields[1]), int(fields[11]) + int(fields[12]),
+                    start)
     except (IndexError, ValueError):
         return None
+
+
+def start_time(pid: int | str = "self", reader: ProcReader | None = None) -> int | None:
+    """When process ``pid`` started (``Proc.start``), ``None`` where ``/proc`` says nothing:
+    with the pid, what tells a rank on this machine from a rank elsewhere that happens to
+    have the same pid."""
+    proc = parse_stat_line((reader or LinuxProc()).text(f"{pid}/stat") or "")
+    return proc.start if proc is not None and proc.start > 0 else None
 
 
 def read(reader: ProcReader, max_procs: int = MAX_PROCS) -> Reading:

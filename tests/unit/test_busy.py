@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 from typing import Any
 
 import pytest
@@ -23,9 +24,10 @@ from probes.busy import MachineWatch, Sample, busy_reason, parse_stat_line, wait
 HZ = 100  # the faked ticks per second (Linux's USER_HZ)
 
 
-def _stat(pid: int, comm: str, ppid: int, ticks: int) -> str:
+def _stat(pid: int, comm: str, ppid: int, ticks: int, start: int = 0) -> str:
     """A /proc/PID/stat line: utime holds all the ticks, stime none."""
-    rest = " ".join(["S", str(ppid)] + ["0"] * 9 + [str(ticks), "0"] + ["0"] * 30)
+    rest = " ".join(["S", str(ppid)] + ["0"] * 9 + [str(ticks), "0"] + ["0"] * 6
+                    + [str(start)] + ["0"] * 30)
     return f"{pid} ({comm}) {rest}"
 
 
@@ -39,6 +41,8 @@ class FakeProc:
         self.total = 0  # ticks of all CPUs together
         self.idle = 0
         self.procs: dict[int, tuple[str, int, int]] = {}
+        self.starts: dict[int, int] = {}  # pid -> start time (ticks since boot)
+        self.self_pid = 0  # what /proc/self is
 
     def advance(self, seconds: float, busy: dict[int, float], idle_cpus: float | None = None,
                 load: float | None = None) -> None:
@@ -65,11 +69,12 @@ class FakeProc:
         if path == "stat":
             cpu = f"cpu  {self.total - self.idle} 0 0 {self.idle} 0 0 0 0 0 0\n"
             return cpu + "".join(f"cpu{i} 1 0 0 1 0 0 0 0 0 0\n" for i in range(self.cpus))
-        pid = int(path.split("/")[0])
+        name = path.split("/")[0]
+        pid = int(name) if name.isdigit() else self.self_pid
         if pid not in self.procs:
             return None
         comm, ppid, ticks = self.procs[pid]
-        return _stat(pid, comm, ppid, ticks)
+        return _stat(pid, comm, ppid, ticks, start=self.starts.get(pid, 0))
 
     def pids(self) -> list[int]:
         return list(self.procs)
@@ -252,6 +257,39 @@ def test_the_wait_resets_the_verdict_when_the_machine_quietens() -> None:
     said: list[str] = []
     assert watch.wait(60, said.append, sleep=fake.sleep) == ""
     assert watch.reason == "" and (watch.record() or {}).get("busy") is None
+
+
+class FakeWorld:
+    """Rank 0 of a world whose other ranks' (host, pid, start) are given."""
+
+    def __init__(self, others: list[tuple[str, int, int | None]]) -> None:
+        self.others = others
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's name
+        return 0
+
+    def allgather(self, value: Any) -> list[Any]:
+        return [value, *self.others]
+
+
+def test_the_job_is_the_ranks_that_run_on_this_machine() -> None:
+    fake = _machine()
+    fake.self_pid = 30
+    fake.starts = {30: 5000, 31: 5001, 41: 77}
+    # Rank 1 here (an emulated host: another host name, the same machine); rank 2 on another
+    # machine, whose pid happens to be the local build's.
+    world = FakeWorld([("emu-host-1", 31, 5001), ("node2", 41, 9999)])
+    assert machine.job_pids(world, fake) == [os.getpid(), 31]
+    # Without /proc start times: by host name.
+    fake.starts = {}
+    world = FakeWorld([(_hostname(), 31, None), ("node2", 41, None)])
+    assert machine.job_pids(world, fake) == [os.getpid(), 31]
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def test_busy_modes_are_the_clis() -> None:
