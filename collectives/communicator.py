@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -276,7 +277,9 @@ class Communicator:
         """Built-in defaults that know the layout the ranks agreed on: on one host, the
         shared-memory allreduce (``profile.builtin_profile``). Alike on every rank."""
         if self.profile.builtin:
-            self.profile = builtin_profile(self.size, len(set(self.hosts)), self.engine.name)
+            per_host = Counter(self.hosts).values()
+            even = len(set(per_host)) == 1 and min(per_host) > 1
+            self.profile = builtin_profile(self.size, len(per_host), self.engine.name, even)
 
     def _mismatch(self, prof: Profile) -> tuple[str, str] | None:
         """``(why prof does not fit this world, what to do)``; ``None`` when it fits."""

@@ -169,12 +169,17 @@ SHM_DEFAULT_RANGE: dict[str, tuple[int, int | None]] = {"mpi": (64 << 10, 32 << 
 _TWO_RINGS: dict[str, Any] = {"rings": 2, "chunk_bytes": 0, "order": "topology"}
 
 
-def builtin_profile(world_size: int, hosts: int = 0, engine: str = "") -> Profile:
+def builtin_profile(world_size: int, hosts: int = 0, engine: str = "",
+                    even: bool = False) -> Profile:
     """The heuristic used without a profile.
 
     Ranks all on one host (``hosts == 1``, known once the communicator's ranks agreed):
     ringtune's shared-memory allreduce (``shm``) over ``SHM_DEFAULT_RANGE[engine]``, the
-    library's own below it and two rings above. Otherwise (several hosts, or not known):
+    library's own below it and two rings above. Under torch on several hosts that hold the
+    same number (``even``) of several ranks each: ``shm`` at every size, which runs there as
+    the two-tier grid (shared memory inside hosts, gloo between) — gloo's loopback inside a
+    host is what it replaces. Otherwise (several hosts under MPI, whose library composes
+    its own shared memory with the network, or the layout not known):
     the library's own allreduce below 32 MiB, where its C collectives are at least as fast
     as ours (latency-bound small messages; MPI's reduce-scatter/all-gather up to 16 MiB),
     and two concurrent whole-segment rings from 32 MiB, where MPICH falls off (3.3x at
@@ -187,6 +192,9 @@ def builtin_profile(world_size: int, hosts: int = 0, engine: str = "") -> Profil
         if hi is not None:
             rules += (Rule(hi, None, "multiring", dict(_TWO_RINGS)),)
         return Profile(rules=rules, world_size=world_size, builtin=True)
+    if hosts > 1 and even and engine == "torch":
+        return Profile(rules=(Rule(0, None, "shm", {}),), world_size=world_size,
+                       builtin=True)
     rules = (
         Rule(0, (32 << 20) - 1, "native", {}),
         Rule(32 << 20, None, "multiring", dict(_TWO_RINGS)),

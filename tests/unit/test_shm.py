@@ -254,8 +254,11 @@ def test_built_in_defaults_follow_the_layout() -> None:
                                   (64 << 10, (32 << 20) - 1, "shm"),
                                   (32 << 20, None, "multiring")]
     assert rules(4, 1, "torch") == [(0, None, "shm")]
-    # Several hosts, one rank, or a layout not known yet: the library's own, then rings.
-    for args in ((4, 2, "mpi"), (1, 1, "torch"), (4,)):
+    # Under torch, hosts of 2 ranks each: shm everywhere (there the two-tier grid).
+    assert rules(4, 2, "torch", True) == [(0, None, "shm")]
+    # Several hosts under MPI or uneven, one rank, or a layout not known yet: the
+    # library's own, then rings.
+    for args in ((4, 2, "mpi", True), (4, 2, "torch"), (1, 1, "torch"), (4,)):
         assert [a for _, _, a in rules(*args)] == ["native", "multiring"]
 
 
