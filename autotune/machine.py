@@ -92,19 +92,20 @@ class TuneWatch:
         self.reason = ""
         self._worst = -1.0
         #: The latest sample's verdict (a window too short to sample keeps it).
-        self.last = ""
+        self.verdict = ""
 
     def _note(self, got: Sample) -> str:
+        """``got``'s verdict; the run's ``reason`` becomes it when it is the busiest yet
+        (other processes' CPUs plus the load: both count tasks competing for the CPUs)."""
         why = busy_reason(got)
-        if why and (got.others_cpus or 0.0) + (got.load1 or 0.0) > self._worst:
-            self.reason = why
-            self._worst = (got.others_cpus or 0.0) + (got.load1 or 0.0)
+        score = (got.others_cpus or 0.0) + (got.load1 or 0.0)
+        if why and score > self._worst:
+            self.reason, self._worst = why, score
         return why
 
     def before(self, sleep: Callable[[float], None] = time.sleep) -> str:
-        """Rank 0: the first sample (over the set-up so far, at least ``FIRST_WINDOW_S``);
-        busy: the warning line, and under ``wait`` the wait for a quiet machine (bounded
-        by ``busy_wait_s`` given to ``wait``). Returns the reason it is busy, or ""."""
+        """Rank 0: the first sample (over the set-up so far, at least ``FIRST_WINDOW_S``),
+        and when it is busy the warning line. Returns the reason it is busy, or ""."""
         if self.watch is None:
             return ""
         left = FIRST_WINDOW_S - (time.monotonic() - self.started)
@@ -112,7 +113,7 @@ class TuneWatch:
             sleep(left)
         got = self.watch.sample("before")
         assert got is not None  # no shortest window asked for
-        why = self.last = busy_reason(got)
+        why = self.verdict = busy_reason(got)
         if why:
             print(warning_line(why, self.mode), file=self.out, flush=True)
         self._note(got)
@@ -121,11 +122,12 @@ class TuneWatch:
     def wait(self, timeout_s: float, say: Callable[[str], None],
              sleep: Callable[[float], None] = time.sleep) -> str:
         """Rank 0, ``--busy wait``: wait up to ``timeout_s`` for a quiet window; the
-        reason it is still busy, or "" (the wait's own windows are not recorded)."""
+        reason it is still busy, or "" (of the wait's windows only the quiet one it ends
+        on is recorded, and the run's ``reason`` starts over from it)."""
         if self.watch is None:
             return ""
         got = wait_for_quiet(self.watch, timeout_s, say, sleep=sleep)
-        why = self.last = busy_reason(got)
+        why = self.verdict = busy_reason(got)
         if why:
             say(f"warning: still busy after {timeout_s:g} s ({why}): tuning anyway")
         else:
@@ -139,11 +141,11 @@ class TuneWatch:
         if self.watch is None:
             return ""
         if len(self.watch.samples) >= MAX_SAMPLES - 1 and label != "after":
-            return self.last
+            return self.verdict
         got = self.watch.sample(label, min_window_s=MIN_WINDOW_S)
         if got is not None:
-            self.last = self._note(got)
-        return self.last
+            self.verdict = self._note(got)
+        return self.verdict
 
     def record(self) -> dict[str, Any] | None:
         """Rank 0: the profile's ``tuning.machine`` mapping; ``None`` where nothing is

@@ -236,7 +236,7 @@ def test_the_tunes_watch_warns_records_and_summarises() -> None:
                            "other processes use 1.6 CPUs (cc1 1.6): timings will be unstable")
     assert "--busy wait" in line and "--busy refuse" in line
     fake.advance(0.2, {30: 1.0, 31: 1.0}, load=2.0)
-    assert watch.sample("A/B 1 KiB") == watch.last  # too short: the last verdict stands
+    assert watch.sample("A/B 1 KiB") == watch.verdict  # too short: the last verdict stands
     fake.advance(2.0, {30: 1.0, 31: 1.0}, load=2.0)
     assert watch.sample("after") == ""
     record = watch.record()
