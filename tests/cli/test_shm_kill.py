@@ -1,11 +1,13 @@
-"""A rank SIGKILLed in the middle of a shared-memory allreduce: the survivors end within the
-stall bound with a line naming it, and nothing of the job is left in /dev/shm (the segment
-was unlinked once every rank had mapped it, so no exit path can leave it)."""
+"""The shared-memory allreduce as processes see it: a rank SIGKILLed in the middle of an
+allreduce is named by the survivors within the stall bound, and nothing of the job is left
+in /dev/shm (the segment was unlinked once every rank had mapped it, so no exit path can
+leave it); beside a CPU hog on every core, every result is right and nothing hangs."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("shm_killed_job.py")
+LOAD_JOB = Path(__file__).with_name("shm_load_job.py")
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 
@@ -38,4 +41,24 @@ def test_a_killed_rank_is_named_and_nothing_is_left_in_dev_shm() -> None:
     named = [ln for ln in out.splitlines()
              if re.search(r"ringtune: stall: rank [02] .*rank 1 \(pid \d+\) ended", ln)]
     assert named, out[-3000:]
+    assert segments() <= before, f"left in /dev/shm: {sorted(segments() - before)}"
+
+
+def test_beside_a_hog_on_every_core_results_stay_right() -> None:
+    before = segments()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "RINGTUNE_"))}
+    env.update(PYTHONPATH=str(ROOT), RINGTUNE_STALL_TIMEOUT="60", OMP_NUM_THREADS="1")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 1)]
+    try:
+        proc = subprocess.run([MPIEXEC, "-n", "3", sys.executable, str(LOAD_JOB)], env=env,
+                              capture_output=True, text=True, timeout=240)
+    finally:
+        for hog in hogs:
+            hog.send_signal(signal.SIGKILL)
+            hog.wait()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert out.count("all 60 calls right") == 3, out[-3000:]
     assert segments() <= before, f"left in /dev/shm: {sorted(segments() - before)}"
