@@ -19,9 +19,11 @@ from typing import Any
 
 from collectives import Communicator, __version__
 from collectives.bench import busbw, time_allreduce
+from collectives.engines import get_engine
 from collectives.ops import itemsize
 from collectives.plan import Config
 from collectives.profile import FORMAT, VERSION
+from collectives.registry import get_backend
 
 from .objective import timing_for
 from .records import BucketSummary, Choice, TuneOptions
@@ -291,8 +293,8 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
     as the profile's ``engine``; under MPI the library and its version are recorded too
     (``library``), under torch.distributed torch's version is the engine's."""
     gpu = opts.backend == "cupy"
-    engine = dict(engine or {"engine": "mpi"})
-    over_mpi = engine.get("engine", "mpi") == "mpi"
+    described = dict(engine or {"engine": "mpi"})
+    ran_over = get_engine(described.get("engine", "mpi"))
     rules: list[dict[str, Any]] = []
     for (lo, hi), c in zip(rule_bounds([s.nbytes for s in summaries]), choices):
         params, transport = dict(c.params), c.transport
@@ -327,31 +329,18 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
         if native:
             rule["native"] = native
         rules.append(rule)
-    default_transport = "mpi" if over_mpi else "torch"
+    default_transport = ran_over.default_transport(None, get_backend("numpy"))
     if gpu:
         default_transport = _most_common([r["transport"] for r in rules],
                                           list(opts.transports or []))
         for r in rules:
             if r["transport"] == default_transport:
                 del r["transport"]  # the profile's own transport applies
-    record: dict[str, str] = {"name": engine.get("engine", "mpi")}
-    if engine.get("backend"):
-        record["backend"] = engine["backend"]
+    record = ran_over.record(described)
     head: dict[str, Any] = {}
-    if over_mpi:
-        from collectives.mpit import nccl_version
-        from collectives.natives import library
-
-        lib_name, lib_version = library()
-        lib: dict[str, str] = {"name": lib_name, "version": lib_version}
-        nccl = nccl_version() if gpu else None
-        if nccl:
-            lib["nccl"] = nccl
+    lib = ran_over.library(gpu)
+    if lib is not None:
         head["library"] = lib
-    else:
-        import torch
-
-        record["version"] = str(torch.__version__)
     return {
         "format": FORMAT,
         "version": VERSION,

@@ -286,11 +286,7 @@ class Communicator:
         hosts = prof.topology.get("hosts")
         there = _shape(prof.world_size, hosts)
         here = _shape(self.size, len(set(self.hosts)))
-        if self.engine.name == "torch":
-            retune = ("re-tune here with `torchrun --nproc-per-node N --no-python ringtune "
-                      f"tune` ({self.size} ranks in all)")
-        else:
-            retune = f"re-tune here with `ringtune tune -np {self.size}`"
+        retune = self.engine.retune_hint(self.size)
         tuned_on = str(prof.engine.get("name", "mpi"))
         if tuned_on != self.engine.name:
             # Another engine's choices were measured against another native allreduce

@@ -69,6 +69,12 @@ def local_size(env: Mapping[str, str] | None = None) -> int | None:
     return found[0] if found is not None and found[0] > 0 else None
 
 
+def under_mpi_launcher(env: Mapping[str, str] | None = None) -> bool:
+    """Whether an MPI launcher (mpiexec, srun with PMI) started this process."""
+    env = os.environ if env is None else env
+    return any(v in env for v in MPI_RANK_VARS) or "PMI_FD" in env
+
+
 def under_torchrun(env: Mapping[str, str] | None = None) -> bool:
     """Whether torchrun's agent started this process (its workers carry
     ``TORCHELASTIC_RUN_ID``) and no MPI launcher did."""

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
-from collectives.launcher import MPI_RANK_VARS, launcher_rank, launcher_size
+from collectives.launcher import MPI_RANK_VARS, launcher_rank, launcher_size, under_mpi_launcher
 from collectives.mpilib import NO_MPI, family, launcher_fits
 
 from .errors import CommandFailed, UsageError
@@ -37,7 +37,7 @@ from .relay import OutputRelay
 
 def under_mpiexec() -> bool:
     """True when this process was started by an MPI launcher."""
-    return any(v in os.environ for v in MPI_RANK_VARS) or "PMI_FD" in os.environ
+    return under_mpi_launcher()
 
 
 def launch_rank() -> int:
@@ -405,19 +405,11 @@ def mpi_world() -> Any:
     """``MPI.COMM_WORLD`` for a verb running under a launcher: ``CommandFailed`` naming what
     to install when there is no MPI library, ``UsageError`` (exit 2) when the launcher
     started another world than MPI's (a launcher of another library)."""
-    from collectives.errors import WorldMismatchError
-    from collectives.launcher import check_mpi_world
-    from collectives.mpilib import NoMpiError, load_mpi
+    from collectives.engines import get_engine
 
-    try:
-        MPI = load_mpi()
-    except NoMpiError as exc:
-        raise CommandFailed(str(exc)) from None
-    try:
-        check_mpi_world(MPI.COMM_WORLD.Get_size())
-    except WorldMismatchError as exc:
-        raise UsageError(str(exc)) from None
-    return MPI.COMM_WORLD
+    from .engine import engine_world
+
+    return engine_world(get_engine("mpi"))
 
 
 class _Forwarded(BaseException):

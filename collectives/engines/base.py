@@ -36,6 +36,25 @@ class Engine(ABC):
     #: check (``collectives.exchange.check_thread_level``).
     thread_levels: ClassVar[bool] = False
 
+    # -- what the CLI asks (``ringtune/engine.py``: ``--engine``, tune, bench, probe) ------
+
+    #: ``--engine``'s help for it: how its ranks are started and what moves the bytes.
+    cli_help: ClassVar[str] = ""
+    #: The command that starts its ranks (``--engine``'s help: "torch under torchrun").
+    launcher: ClassVar[str] = ""
+    #: Whether the CLI starts this engine's ranks itself when no launcher did (``-np N``:
+    #: ringtune relaunches under mpiexec); ``--engine auto`` without a launcher takes the
+    #: first such engine. Others get their ranks from their own launcher.
+    self_launches: ClassVar[bool] = False
+    #: What the CLI can do over it beyond ``bench`` and a one-shape host ``tune``:
+    #: ``tune --shapes``, ``tune --backend cupy``, ``probe --measure`` (MPI ping-pongs).
+    tunes_shapes: ClassVar[bool] = False
+    tunes_gpu: ClassVar[bool] = False
+    measures_links: ClassVar[bool] = False
+    #: Whether its native allreduce is an MPI library's (``library``: a profile records
+    #: which, and a profile of another engine drops the record).
+    native_library: ClassVar[bool] = False
+
     @abstractmethod
     def claims(self, obj: Any) -> bool:
         """Whether ``obj`` (what a user passed to ``Communicator``) belongs to this engine.
@@ -89,3 +108,52 @@ class Engine(ABC):
         """What a profile records of the engine behind ``comm``: ``{"engine": name,
         "backend": ...}`` (the MPI library's name, or the process group's backends, e.g.
         ``gloo`` or ``cpu:gloo,cuda:nccl``). Not collective."""
+
+    def detect(self) -> bool:
+        """Whether this engine's launcher started this process (from the environment, never
+        by initialising anything): ``--engine auto`` takes the first engine, in claim
+        order, that says so."""
+        return False
+
+    def cli_refusal(self, verb: str, np: int | None) -> str | None:
+        """Why the CLI's ``verb`` cannot run over this engine here (one line naming the fix:
+        its launcher's environment missing, its library not installed, ``-np`` given to an
+        engine that does not launch itself), else ``None``. Checked on every rank alike,
+        before any communication."""
+        return None
+
+    def world(self, gpu: bool = False) -> Any:
+        """The world communicator object of a CLI verb over this engine (``gpu``: GPU
+        buffers will move). Raises ``ImportError`` when the engine's library cannot be
+        loaded and ``WorldMismatchError`` when the launcher started another world."""
+        raise NotImplementedError(f"the {self.name} engine does not run the CLI's verbs")
+
+    def close_world(self) -> None:
+        """End what ``world`` started (nothing by default)."""
+
+    def retune_hint(self, size: int) -> str:
+        """The command that tunes a profile for ``size`` ranks over this engine (in the
+        message that sets a profile aside)."""
+        return f"re-tune here over the {self.name} engine ({size} ranks in all)"
+
+    # -- what a profile records (``autotune.choose``, ``collectives.online.document``) -----
+
+    def version(self) -> str | None:
+        """The engine's own version where the profile records it (``engine.version``)."""
+        return None
+
+    def library(self, gpu: bool = False) -> dict[str, str] | None:
+        """The profile's ``library`` record: the MPI library (and NCCL for ``gpu``) whose
+        native allreduce the choices were measured against; ``None`` where there is none."""
+        return None
+
+    def record(self, described: dict[str, str]) -> dict[str, str]:
+        """The profile's ``engine`` record from what ``describe`` said: name, backend and,
+        where the engine has one, its version."""
+        out = {"name": self.name}
+        if described.get("backend"):
+            out["backend"] = described["backend"]
+        version = self.version()
+        if version:
+            out["version"] = version
+        return out

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..launcher import check_mpi_world
+from ..launcher import check_mpi_world, under_mpi_launcher
 from ..transport import mpi_op
 from .base import Engine
 from .registry import engine_names, get_engine, register_engine
@@ -29,6 +29,38 @@ class MpiEngine(Engine):
     name = "mpi"
     claim_order = 1000  # last: it claims anything shaped like an mpi4py communicator
     thread_levels = True
+    launcher = "mpiexec"
+    cli_help = "mpi (mpiexec, or -np self-launch)"
+    self_launches = True
+    tunes_shapes = tunes_gpu = measures_links = True
+    native_library = True
+
+    def detect(self) -> bool:
+        return under_mpi_launcher()
+
+    def world(self, gpu: bool = False) -> Any:
+        """``MPI.COMM_WORLD``: ``NoMpiError`` (an ``ImportError``) naming what to install
+        when no MPI library loads, ``WorldMismatchError`` when the launcher started another
+        world than MPI's (a launcher of another library)."""
+        from ..mpilib import load_mpi
+
+        MPI = load_mpi()
+        check_mpi_world(MPI.COMM_WORLD.Get_size())
+        return MPI.COMM_WORLD
+
+    def retune_hint(self, size: int) -> str:
+        return f"re-tune here with `ringtune tune -np {size}`"
+
+    def library(self, gpu: bool = False) -> dict[str, str] | None:
+        from ..mpit import nccl_version
+        from ..natives import library
+
+        name, version = library()
+        lib = {"name": name, "version": version}
+        nccl = nccl_version() if gpu else None
+        if nccl:
+            lib["nccl"] = nccl
+        return lib
 
     def claims(self, obj: Any) -> bool:
         return _is_mpi4py(obj) or (callable(getattr(obj, "Get_rank", None))

@@ -50,6 +50,8 @@ MOVERS: dict[str, str] = {"cpu": "gloo", "cuda": "nccl"}
 #: Seconds a sub-group's rendezvous and operations may take (torch's own default for gloo:
 #: 30 min) unless ``TorchComm(timeout=...)`` says otherwise.
 DEFAULT_TIMEOUT_S = 1800.0
+#: What ``torch.distributed``'s ``env://`` initialisation needs from the launcher.
+TORCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 #: ``os._exit`` as it was at import, before ``collectives.abort.name_abrupt_exits`` wraps it
 #: with a line meant for exits ringtune did not choose.
 _REAL_EXIT = os._exit
@@ -464,6 +466,59 @@ class TorchEngine(Engine):
     name = "torch"
     claim_order = 10
     thread_levels = False  # process groups may be called from the exchange thread
+    launcher = "torchrun"
+    cli_help = ("torch (torch.distributed from torchrun's environment; gloo, NCCL for GPU "
+                "buffers)")
+
+    def detect(self) -> bool:
+        from ..launcher import under_torchrun
+
+        return under_torchrun()
+
+    def cli_refusal(self, verb: str, np: int | None) -> str | None:
+        if np is not None:
+            return ("-np launches ranks under mpiexec (the mpi engine); under torchrun "
+                    "the ranks are torchrun's: set them with --nproc-per-node")
+        missing = [v for v in TORCH_ENV if not os.environ.get(v)]
+        if missing:
+            return (f"--engine torch: torch.distributed's environment is not set "
+                    f"({', '.join(missing)} missing): start the command under torchrun, "
+                    "e.g. torchrun --nproc-per-node 2 --no-python ringtune "
+                    f"{verb} ...")
+        try:
+            import torch.distributed as dist
+        except ImportError as exc:
+            return (f"--engine torch needs PyTorch ({exc}): install it with "
+                    "`pip install 'ringtune[torch]'`")
+        if not dist.is_available():
+            return ("--engine torch: this torch has no torch.distributed; install a "
+                    "torch build with distributed support")
+        lacking = missing_torch_feature()
+        return f"--engine torch: {lacking}" if lacking else None
+
+    def world(self, gpu: bool = False) -> TorchComm:
+        """A ``TorchComm`` over the default process group, initialised here from the
+        launcher's environment when the process has none yet (``gloo``;
+        ``cpu:gloo,cuda:nccl`` for GPU buffers)."""
+        dist = _dist()
+        if not dist.is_initialized():
+            dist.init_process_group("cpu:gloo,cuda:nccl" if gpu else "gloo")
+        return TorchComm(dist.group.WORLD)
+
+    def close_world(self) -> None:
+        """End the default process group ``world`` started."""
+        dist = _dist()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def retune_hint(self, size: int) -> str:
+        return ("re-tune here with `torchrun --nproc-per-node N --no-python ringtune "
+                f"tune` ({size} ranks in all)")
+
+    def version(self) -> str | None:
+        import torch
+
+        return str(torch.__version__)
 
     def claims(self, obj: Any) -> bool:
         if isinstance(obj, TorchComm):

@@ -97,8 +97,8 @@ def tuned_document(tuner: TunerState) -> dict[str, Any]:
     data["tool"] = {"name": "ringtune", "version": _version()}
     # The engine this job ran over, as an offline tune records it: a profile written
     # under torchrun that said nothing would read as MPI's and be set aside there.
-    data["engine"] = _engine_record(comm)
-    if data["engine"]["name"] != "mpi":
+    data["engine"] = comm.engine.record(comm.engine.describe(comm.comm))
+    if not comm.engine.native_library:
         data.pop("library", None)  # the MPI library's algorithms were not what ran
     data["tuning"] = {
         "mode": "online",
@@ -276,24 +276,7 @@ def _base_document(comm: Any) -> dict[str, Any]:
             "backend": prof.backend, "transport": transport,
             "dtype": prof.dtype, "op": prof.op,
             "rules": [r.to_dict() for r in prof.rules]}
-    if comm.engine.name == "mpi":
+    if comm.engine.native_library:
         with contextlib.suppress(Exception):
-            from ..natives import library
-
-            name, version = library()
-            data["library"] = {"name": name, "version": version}
+            data["library"] = comm.engine.library()
     return data
-
-
-def _engine_record(comm: Any) -> dict[str, str]:
-    """The profile's ``engine`` record for the engine behind ``comm`` (what
-    ``autotune.choose.build_profile`` writes after an offline tune)."""
-    desc = comm.engine.describe(comm.comm)
-    record = {"name": desc["engine"]}
-    if desc.get("backend"):
-        record["backend"] = desc["backend"]
-    if desc["engine"] == "torch":
-        import torch
-
-        record["version"] = str(torch.__version__)
-    return record

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     # Validate before launching or communicating: bad flags fail fast, once, with exit 2.
     sizes, params = _validate(args)
     engine = resolve_engine(args)
-    if engine == "mpi" and not under_mpiexec() and (args.np is None or args.np > 1):
+    if engine.self_launches and not under_mpiexec() and (args.np is None or args.np > 1):
         ranks = args.np or default_ranks()
         _check_algorithm(args.algo, params, ranks)  # fail once, here, before launching
         return relaunch(getattr(args, "cli_argv", sys.argv[1:]), ranks, args.oversubscribe)

@@ -66,21 +66,18 @@ def run(args: argparse.Namespace) -> int:
 
     check_ranks(args.np, args.oversubscribe)
     engine = resolve_engine(args)
-    if (engine == "mpi" and args.np is not None and args.np > 1 and not under_mpiexec()
+    if (engine.self_launches and args.np is not None and args.np > 1 and not under_mpiexec()
             and not os.environ.get("RINGTUNE_LAUNCHED")):
         # -np N: every rank probes (the rank layout; --measure: every pair's links), as
         # under `mpiexec -n N`; without it, this process alone, no MPI needed.
         return relaunch(getattr(args, "cli_argv", sys.argv[1:]), args.np, args.oversubscribe)
-    if engine == "torch" and args.measure:
-        raise UsageError("--measure is not supported with --engine torch yet (its "
+    if args.measure and not engine.measures_links:
+        raise UsageError(f"--measure is not supported with --engine {engine.name} yet (its "
                          "ping-pongs are MPI's): measure under mpiexec, or drop --measure")
     comm = None
-    if engine == "torch":
-        comm = engine_world(engine)
-    elif under_mpiexec():
-        from ringtune.launch import mpi_world
-
-        comm = mpi_world()  # no MPI, or another library's launcher: one line
+    if not engine.self_launches or under_mpiexec():
+        # Without its launcher a self-launching engine (mpi) probes this process alone.
+        comm = engine_world(engine)  # no MPI, or another library's launcher: one line
     try:
         return _probe(args, comm)
     finally:

@@ -208,16 +208,18 @@ def run(args: argparse.Namespace) -> int:
 
     opts = _options(args)
     engine = resolve_engine(args)
-    if engine == "torch" and (getattr(args, "shapes", None) or opts.backend == "cupy"):
-        raise UsageError(f"{'--shapes' if getattr(args, 'shapes', None) else '--backend cupy'}"
-                         " is not supported with --engine torch yet: tune under mpiexec "
-                         "for it, or drop the flag")
-    if engine == "mpi" and not under_mpiexec() and not os.environ.get("RINGTUNE_LAUNCHED"):
+    shapes = bool(getattr(args, "shapes", None)) and not engine.tunes_shapes
+    if shapes or (opts.backend == "cupy" and not engine.tunes_gpu):
+        raise UsageError(f"{'--shapes' if shapes else '--backend cupy'} is not supported "
+                         f"with --engine {engine.name} yet: tune under mpiexec for it, or "
+                         "drop the flag")
+    if (engine.self_launches and not under_mpiexec()
+            and not os.environ.get("RINGTUNE_LAUNCHED")):
         from ..launch import default_ranks
 
         # Said here, before mpiexec and the ranks start (seconds on a loaded machine): a
         # bare `ringtune tune` runs for minutes and writes two files into this folder.
-        print("\n".join(plan_lines(opts, args.np or default_ranks(), "mpi",
+        print("\n".join(plan_lines(opts, args.np or default_ranks(), engine.name,
                                    stop_pid=os.getpid())), flush=True)
         return relaunch(getattr(args, "cli_argv", sys.argv[1:]), args.np, args.oversubscribe)
 
@@ -228,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     rank = comm.Get_rank()
     if rank == 0 and not os.environ.get("RINGTUNE_LAUNCHED"):
         # Under the user's own mpiexec or torchrun (the launching process said it otherwise).
-        print("\n".join(plan_lines(opts, comm.Get_size(), engine)), flush=True)
+        print("\n".join(plan_lines(opts, comm.Get_size(), engine.name)), flush=True)
     try:
         if getattr(args, "shapes", None):
             from autotune.shapes import parse_shapes, tune_shapes
