@@ -15,9 +15,19 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from probes.outfile import OutputError, check_output, output_path, write_text
+from typing import Any
 
 __all__ = ["OutputError", "atomic_path", "check_output", "write_text_atomic"]
+
+
+def __getattr__(name: str) -> Any:
+    # ``OutputError`` and ``check_output`` come from probes.outfile on first use: importing
+    # probes loads the topology code, and ``import collectives`` must stay light.
+    if name in ("OutputError", "check_output"):
+        import probes.outfile
+
+        return getattr(probes.outfile, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @contextmanager
@@ -26,6 +36,8 @@ def atomic_path(path: str | os.PathLike[str], what: str = "") -> Iterator[str]:
     ``savefig``); on success it becomes ``path`` (``probes.outfile.output_path``), on
     error it is removed. ``OutputError`` (an ``OSError``) when ``path`` cannot be written;
     ``what`` names the output in that line (``--out``)."""
+    from probes.outfile import output_path
+
     with output_path(path, what) as tmp:
         yield tmp
 
@@ -33,4 +45,6 @@ def atomic_path(path: str | os.PathLike[str], what: str = "") -> Iterator[str]:
 def write_text_atomic(path: str | os.PathLike[str], text: str, what: str = "") -> str:
     """Write ``text`` to ``path`` atomically and return the path. ``OutputError`` (an
     ``OSError``, the temporary file removed) when it cannot be written."""
+    from probes.outfile import write_text
+
     return write_text(path, text, what)

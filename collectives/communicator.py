@@ -22,8 +22,6 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from probes.environment import check_environment
-
 from .abort import abort_world, name_abrupt_exits, on_error_mode, rank_line
 from .algorithms import Context, get_algorithm
 from .backend import Backend, check_buffer_dtype
@@ -89,6 +87,9 @@ class Communicator:
                  tune_options: Mapping[str, Any] | None = None) -> None:
         log_level()  # an unknown RINGTUNE_LOG: ValueError on every rank, before any message
         # Every RINGTUNE_* variable, likewise before any message (probes/environment.py).
+        # Imported here: ``import collectives`` stays light (probes loads the topology).
+        from probes.environment import check_environment
+
         check_environment()
         if comm is None:
             from .launcher import under_torchrun
