@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
-from typing import Any
+if TYPE_CHECKING:
+    from probes.outfile import OutputError, check_output
 
 __all__ = ["OutputError", "atomic_path", "check_output", "write_text_atomic"]
 
