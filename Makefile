@@ -267,9 +267,13 @@ emulated: install
 # ranks at a time, so at most 4 ranks per core; run one after the other, the suites left a
 # CPU idle through every 1-rank run, process start and timeout a test waits out. Only the
 # MPI lane builds emulated hosts (one `ringtune emulate` at a time per machine).
+# At the end, whatever the outcome: the shared-memory segments MPICH leaves when a test
+# kills or aborts a job on purpose are removed (tests/shm_leftovers.py).
 test: install
-	$(MAKE) --no-print-directory -j3 --output-sync=target extra-venvs lint gpu unit-cli
-	$(MAKE) --no-print-directory -j2 --output-sync=target lane-mpi lane-torch
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory -j3 --output-sync=target extra-venvs lint gpu unit-cli && \
+	$(MAKE) --no-print-directory -j2 --output-sync=target lane-mpi lane-torch; \
+	status=$$?; $(PY) tests/shm_leftovers.py --since $$start; exit $$status
 
 .PHONY: lane-mpi lane-torch
 # -j1: within a lane one suite at a time (the jobserver of `-j2` would run a lane's suites
