@@ -23,7 +23,7 @@ from collectives.engines import get_engine
 from collectives.ops import itemsize
 from collectives.plan import Config
 from collectives.profile import FORMAT, VERSION
-from collectives.registry import get_backend
+from collectives.registry import fallback_gpu_transport, get_backend
 
 from .objective import timing_for
 from .records import BucketSummary, Choice, TuneOptions
@@ -308,7 +308,7 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
             measured.update(unstable=True, ab_spread=round(c.spread, 4))
         if gpu and transport is None:
             # A configuration without one (a world of one rank) ran with the best transport.
-            transport = (opts.transports or ["staged"])[0]
+            transport = (opts.transports or [fallback_gpu_transport()])[0]
         native = best_native(c, opts.margin)
         if (rules and rules[-1]["algorithm"] == c.algorithm and rules[-1]["params"] == params
                 and rules[-1].get("transport") == transport):
@@ -425,7 +425,7 @@ def _most_common(names: Sequence[str], preference: Sequence[str]) -> str:
     """The name used most often; a tie goes to the one earlier in ``preference`` (best
     first), then to the one seen first."""
     if not names:
-        return preference[0] if preference else "staged"
+        return preference[0] if preference else fallback_gpu_transport()
     counts = Counter(names)
 
     def rank(name: str) -> tuple[int, int, int]:

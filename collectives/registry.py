@@ -22,8 +22,8 @@ from .backend import NUMPY, Backend, is_gpu_array
 from .plugins import load as load_plugins
 from .plugins import unknown_hint
 from .transport import Transport
-from .transports.mpi import make_mpi_transport
-from .transports.torch import make_torch_transport
+from .transports.mpi import MpiTransport, make_mpi_transport
+from .transports.torch import TorchTransport, make_torch_transport
 
 #: Makes the backend (called once; the instance is shared). Raises ``ValueError`` saying
 #: what to install when the backend cannot work here.
@@ -39,6 +39,8 @@ _TRANSPORTS: dict[str, TransportFactory] = {}
 _TRANSPORT_BACKENDS: dict[str, tuple[str, ...]] = {}
 #: Transports registered by tests only (left out of the JSON Schema and of docs).
 _TEST_ONLY: set[str] = set()
+#: transport -> its ``Transport`` class, where the registration said it.
+_TRANSPORT_CLASSES: dict[str, type[Transport]] = {}
 
 
 def register_backend(name: str, loader: BackendLoader) -> None:
@@ -48,14 +50,24 @@ def register_backend(name: str, loader: BackendLoader) -> None:
 
 def register_transport(name: str, factory: TransportFactory,
                        backends: tuple[str, ...] | None = None,
-                       test_only: bool = False) -> None:
+                       test_only: bool = False,
+                       cls: type[Transport] | None = None) -> None:
     """Make transport ``name`` available (names list in registration order). ``backends``:
     the backends whose buffers it moves when not every backend's (the GPU transports:
     ``("cupy",)``); profile loaders ask ``transport_refusal`` with it, so a profile that
     names a transport its buffers cannot use is refused when it is read, not at its first
     allreduce. ``test_only``: a test's stand-in (the in-process ``inproc``), left out of
-    ``user_transport_names`` and so of the JSON Schema."""
+    ``user_transport_names`` and so of the JSON Schema. ``cls``: the ``Transport`` class
+    that ``factory`` makes, whose class attributes (``gpu_preference``,
+    ``usable_on_gpu``) are asked without building one (not needed when ``factory`` is the
+    class itself)."""
     _TRANSPORTS[name] = factory
+    if cls is None and isinstance(factory, type) and issubclass(factory, Transport):
+        cls = factory
+    if cls is None:
+        _TRANSPORT_CLASSES.pop(name, None)
+    else:
+        _TRANSPORT_CLASSES[name] = cls
     if test_only:
         _TEST_ONLY.add(name)
     else:
@@ -87,6 +99,35 @@ def transports_for(backend: str) -> list[str]:
     """The registered transports that move ``backend``'s buffers, built-in first."""
     return [t for t in transport_names()
             if backend in _TRANSPORT_BACKENDS.get(t, (backend,))]
+
+
+def transport_class(name: str) -> type[Transport] | None:
+    """The class of transport ``name`` (``None`` when unknown or not said)."""
+    if name not in _TRANSPORTS:
+        load_plugins()
+    return _TRANSPORT_CLASSES.get(name)
+
+
+def gpu_transport_names() -> list[str]:
+    """The registered transports offered for GPU buffers, best first
+    (``Transport.gpu_preference``; ties in registration order)."""
+    ranked = []
+    for i, name in enumerate(transports_for("cupy")):
+        cls = _TRANSPORT_CLASSES.get(name)
+        if cls is not None and cls.gpu_preference is not None:
+            ranked.append((cls.gpu_preference, i, name))
+    return [name for _, _, name in sorted(ranked)]
+
+
+def fallback_gpu_transport() -> str:
+    """The GPU transport of last resort (the highest ``gpu_preference``: ``staged``), whose
+    errors explain what is missing where nothing better is available; ``ValueError`` when
+    no registered transport is offered for GPU buffers."""
+    names = gpu_transport_names()
+    if not names:
+        raise ValueError("no registered transport moves GPU buffers (collectives.cuda "
+                         f"registers them){unknown_hint()}")
+    return names[-1]
 
 
 def transport_refusal(transport: str, backend: str) -> str | None:
@@ -155,6 +196,6 @@ def default_transport(backend: Backend) -> str:
 
 
 register_backend("numpy", lambda: NUMPY)
-register_transport("mpi", make_mpi_transport)
+register_transport("mpi", make_mpi_transport, cls=MpiTransport)
 # torch is imported by the transport's constructor only, under the ``torch`` engine.
-register_transport("torch", make_torch_transport)
+register_transport("torch", make_torch_transport, cls=TorchTransport)

@@ -65,6 +65,26 @@ class Transport(ABC):
     #: Whether a rank may send to itself (a batch with its own rank as destination and
     #: source). Algorithms never do (one rank returns early); gloo has no pair to itself.
     self_sends: bool = True
+    #: Who chooses the algorithm of its ``native_allreduce`` where that is not the running
+    #: MPI library's (e.g. "NCCL"): a ``native`` ``composition`` (the MPI library's) is
+    #: then not set, with one warning naming it. Empty: the MPI library's allreduce.
+    native_chooser: str = ""
+    #: Whether a ``native`` ``impl`` (one of the MPI library's algorithms) is prepared
+    #: around its ``native_allreduce``; False: the default runs, with one warning naming
+    #: ``native_chooser``.
+    native_impls: bool = True
+    #: Its rank among the transports offered for GPU buffers, best first (``nccl`` 0,
+    #: CUDA-aware ``mpi`` 1, ``staged`` 2; ``collectives.cuda.available_transports``); the
+    #: last is the fallback whose errors say what is missing. ``None``: not offered.
+    gpu_preference: int | None = None
+
+    @classmethod
+    def usable_on_gpu(cls, here: Any) -> bool:
+        """Whether it can move GPU buffers here (asked only of transports with a
+        ``gpu_preference``, on a rank whose CuPy works). ``here``: what the machine offers
+        (``collectives.cuda.availability.GpuFacts``: ``nccl()``, ``one_gpu_per_rank()``,
+        ``cuda_aware_mpi()``), so that a transport never imports the GPU plug-in."""
+        return True
 
     def __init__(self, comm: Any, backend: Backend) -> None:
         self.comm = comm

@@ -90,14 +90,16 @@ class Native(Algorithm):
         super().__init__(ctx, count, dtype, op, params)
         impl = str(self.params.get("impl", "auto"))
         comp = str(self.params.get("composition", "auto"))
-        tname = getattr(ctx.transport, "name", "")
+        # Who picks the transport's native allreduce where the MPI library does not (NCCL,
+        # a torch.distributed group's backend): ``Transport.native_chooser``.
+        chooser = str(getattr(ctx.transport, "native_chooser", ""))
         # Entered in this order, left in reverse: each restores the value it found.
         self._selectors: list[Any] = []
         #: Where the call runs: ``ctx``, or a library's context prepared for ``impl``.
         self._run_ctx = ctx
         if ctx.size > 1:
-            if impl != "auto" and tname == "nccl":
-                _warn(f"impl={impl}", "NCCL chooses its own algorithm")
+            if impl != "auto" and not getattr(ctx.transport, "native_impls", True):
+                _warn(f"impl={impl}", f"{chooser} chooses its own algorithm")
             elif impl != "auto":
                 from ..natives import current, foreign_profile
 
@@ -108,7 +110,7 @@ class Native(Algorithm):
                           f"{lib.label()} has no {impl!r}")
                 else:
                     self._run_ctx, self._selectors = lib.prepare(ctx, impl)
-            sel = _composition_selector(comp, tname) if comp != "auto" else None
+            sel = _selector_for(comp, chooser) if comp != "auto" else None
             if sel is not None:
                 self._selectors.append(sel)
 
@@ -206,14 +208,23 @@ class NativePhase:
 
 
 def _composition_selector(name: str, transport: str) -> Any:
+    """The running library's selector of composition ``name`` for a call over transport
+    ``transport`` (by name; its class says who chooses its native allreduce), or None
+    (with one warning) where the library's choice cannot be set (``_selector_for``)."""
+    from ..registry import transport_class
+
+    cls = transport_class(transport)
+    return _selector_for(name, cls.native_chooser if cls is not None else "")
+
+
+def _selector_for(name: str, chooser: str) -> Any:
     """The running library's selector of composition ``name``, or None (with one warning)
-    where the library's choice cannot be set: NCCL on GPU buffers, a torch.distributed
-    group, a library without compositions or without the variable."""
+    where the library's choice cannot be set: a transport whose native allreduce another
+    ``chooser`` picks (NCCL on GPU buffers, a torch.distributed group), a library without
+    compositions or without the variable."""
     label = f"composition={name}"
-    if transport == "nccl":
-        why = "NCCL chooses its own algorithm"
-    elif transport == "torch":
-        why = "the torch.distributed group's backend (gloo, NCCL) chooses its own algorithm"
+    if chooser:
+        why = f"{chooser} chooses its own algorithm"
     else:
         from ..natives import current
 

@@ -74,21 +74,44 @@ def available_transports(comm: Any = None) -> list[str]:
         records = comm.allgather(gpu_record() if ok else None)
     if not ok:
         return []
-    out = []
-    if nccl_status()[0]:
-        one_each = (nccl_one_gpu_per_rank(records) if comm is not None
-                    else not gpus_shared_here())
-        if one_each:
-            out.append("nccl")
-    if cuda_aware_mpi():
-        out.append("mpi")
-    out.append("staged")
-    return out
+    from ..registry import gpu_transport_names, transport_class
+
+    # Each transport says whether it can move GPU buffers here (``usable_on_gpu``), in
+    # the order of their ``gpu_preference``.
+    here = GpuFacts(records if comm is not None else None)
+    return [name for name in gpu_transport_names()
+            if (cls := transport_class(name)) is not None and cls.usable_on_gpu(here)]
+
+
+class GpuFacts:
+    """What this machine offers GPU transports, as ``Transport.usable_on_gpu`` asks it;
+    each fact is read when asked. ``records``: every rank's ``gpu_record()`` where the
+    caller gathered them (``None``: this rank's view)."""
+
+    def __init__(self, records: Sequence[tuple[str, str] | None] | None) -> None:
+        self.records = records
+
+    def nccl(self) -> bool:
+        """NCCL loads here."""
+        return bool(nccl_status()[0])
+
+    def one_gpu_per_rank(self) -> bool:
+        """No two ranks share a GPU: from every rank's record where gathered, else from
+        the local heuristic (``gpus_shared_here``)."""
+        if self.records is not None:
+            return nccl_one_gpu_per_rank(self.records)
+        return not gpus_shared_here()
+
+    def cuda_aware_mpi(self) -> bool:
+        """MPI may be handed GPU memory."""
+        return bool(cuda_aware_mpi())
 
 
 def default_gpu_transport() -> str:
     """The transport for GPU buffers when neither the call nor the profile names one: the
-    first of ``available_transports()``, or ``staged`` (whose errors then explain what is
-    missing)."""
+    first of ``available_transports()``, or the fallback (``fallback_gpu_transport``,
+    whose errors then explain what is missing)."""
+    from ..registry import fallback_gpu_transport
+
     found = available_transports()
-    return found[0] if found else "staged"
+    return found[0] if found else fallback_gpu_transport()

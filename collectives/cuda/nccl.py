@@ -150,6 +150,13 @@ class NcclTransport(Transport):
     """NCCL point-to-point send/recv, one group per batch, one GPU per rank."""
 
     name = "nccl"
+    native_chooser = "NCCL"
+    native_impls = False
+    gpu_preference = 0  # NCCL's own kernels: the best where every rank has its own GPU
+
+    @classmethod
+    def usable_on_gpu(cls, here: Any) -> bool:
+        return bool(here.nccl() and here.one_gpu_per_rank())
 
     def __init__(self, comm: Any, backend: Any, ops: Any = None, nccl: Any = None) -> None:
         super().__init__(comm, backend)
@@ -181,4 +188,4 @@ def make_nccl_transport(comm: Any, backend: Any) -> NcclTransport:
     return NcclTransport(comm, backend)
 
 
-register_transport("nccl", make_nccl_transport, backends=("cupy",))
+register_transport("nccl", make_nccl_transport, backends=("cupy",), cls=NcclTransport)

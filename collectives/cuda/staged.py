@@ -165,6 +165,7 @@ class StagedTransport(Transport):
     """GPU buffers through pinned host memory and MPI (any MPI, CUDA-aware or not)."""
 
     name = "staged"
+    gpu_preference = 2  # any MPI, any GPU layout: the fallback
 
     def __init__(self, comm: Any, backend: Any, ops: Any = None,
                  piece_bytes: int = PIECE_BYTES, nccl: Any = None) -> None:
@@ -310,4 +311,5 @@ def make_staged_transport(comm: Any, backend: Any) -> StagedTransport:
     return StagedTransport(comm, backend)
 
 
-register_transport("staged", make_staged_transport, backends=("cupy",))
+register_transport("staged", make_staged_transport, backends=("cupy",),
+                   cls=StagedTransport)

@@ -39,6 +39,11 @@ class MpiTransport(Transport):
 
     name = "mpi"
     interleaves = True
+    gpu_preference = 1  # GPU buffers straight to MPI, where MPI is CUDA-aware
+
+    @classmethod
+    def usable_on_gpu(cls, here: Any) -> bool:
+        return bool(here.cuda_aware_mpi())
 
     def __init__(self, comm: Any, backend: Backend) -> None:
         super().__init__(comm, backend)

@@ -113,6 +113,7 @@ class TorchTransport(Transport):
     name = "torch"
     interleaves = False
     self_sends = False  # gloo (and a bare group's NCCL) have no pair from a rank to itself
+    native_chooser = "the torch.distributed group's backend (gloo, NCCL)"
 
     def __init__(self, comm: TorchComm, backend: Backend) -> None:
         super().__init__(comm, backend)

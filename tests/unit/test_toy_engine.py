@@ -29,7 +29,8 @@ TOY = "tests.toy_engine"
 @pytest.fixture
 def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """``tests/toy_engine.py`` imported (so registered) into a copy of the engine
-    registry: it is gone after the test."""
+    registry: it is gone after the test (the plug-ins load first, into the originals)."""
+    engines.engine_names()
     monkeypatch.setattr(engines, "_ENGINES", dict(engines._ENGINES))
     sys.modules.pop(TOY, None)
     yield importlib.import_module(TOY)
