@@ -1,6 +1,5 @@
 """An MPI job whose rank 1 is SIGKILLed in the middle of shared-memory allreduces
-(``test_shm_kill.py`` starts it under ``mpiexec -disable-auto-cleanup``, so that the
-launcher leaves the survivors alone and only ringtune's own waits can end them)."""
+(``test_shm_kill.py`` starts it)."""
 
 from __future__ import annotations
 

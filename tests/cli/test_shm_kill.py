@@ -1,7 +1,7 @@
 """The shared-memory allreduce as processes see it: a rank SIGKILLed in the middle of an
-allreduce is named by the survivors within the stall bound, and nothing of the job is left
-in /dev/shm (the segment was unlinked once every rank had mapped it, so no exit path can
-leave it); beside a CPU hog on every core, every result is right and nothing hangs."""
+allreduce ends the job, and nothing of the job is left in /dev/shm (the segment was
+unlinked once every rank had mapped it, so no exit path can leave it); beside a CPU hog on
+every core, every result is right and nothing hangs."""
 
 from __future__ import annotations
 
@@ -26,21 +26,25 @@ def segments() -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith("ringtune-")}
 
 
-def test_a_killed_rank_is_named_and_nothing_is_left_in_dev_shm() -> None:
+def test_a_killed_rank_ends_the_job_and_nothing_is_left_in_dev_shm() -> None:
+    """Hydra ends the survivors itself when a rank dies by a signal (even with
+    ``-disable-auto-cleanup``, seen with MPICH 5.0), often before they can print: that
+    they name the dead rank is checked where no launcher interferes
+    (tests/torchrun/test_killed_rank.py, tests/unit/test_shm.py)."""
     before = segments()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "RINGTUNE_"))}
     env.update(PYTHONPATH=str(ROOT), RINGTUNE_STALL_TIMEOUT="30", OMP_NUM_THREADS="1")
-    # -disable-auto-cleanup: Hydra leaves the survivors running when rank 1 dies, so only
-    # ringtune's own bounded waits can end them.
-    proc = subprocess.run([MPIEXEC, "-disable-auto-cleanup", "-n", "3", sys.executable,
-                           str(JOB)], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([MPIEXEC, "-n", "3", sys.executable, str(JOB)], env=env,
+                          capture_output=True, text=True, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     assert "went unnoticed" not in out, out[-3000:]
-    named = [ln for ln in out.splitlines()
-             if re.search(r"ringtune: stall: rank [02] .*rank 1 \(pid \d+\) ended", ln)]
-    assert named, out[-3000:]
+    assert out.count("first allreduce done") == 3, out[-3000:]  # the segment was in use
+    # Whatever a survivor managed to say names the dead rank.
+    for line in out.splitlines():
+        if line.startswith("ringtune: stall:"):
+            assert re.search(r"rank 1 \(pid \d+\) ended", line), line
     assert segments() <= before, f"left in /dev/shm: {sorted(segments() - before)}"
 
 
