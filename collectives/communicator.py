@@ -38,6 +38,9 @@ from .tensors import as_buffer
 from .transport import Transport
 
 log = logging.getLogger("ringtune")
+#: Environment variables naming files, read (and their errors agreed on) where they are
+#: used, not in the construction's early check.
+FILE_VARIABLES: tuple[str, ...] = ("RINGTUNE_PROFILE", "RINGTUNE_TOPOLOGY")
 
 _NP_BACKEND = get_backend("numpy")
 
@@ -90,7 +93,10 @@ class Communicator:
         # Imported here: ``import collectives`` stays light (probes loads the topology).
         from probes.environment import check_environment
 
-        check_environment()
+        # Files named by the environment may exist on some hosts only: the profile loader
+        # reads them, and the ranks fail together after agreeing (one rank raising here
+        # alone would leave the others waiting in the first collective).
+        check_environment(skip=FILE_VARIABLES)
         if comm is None:
             from .launcher import under_torchrun
 
@@ -189,10 +195,13 @@ class Communicator:
             # not a broken file. A profile with sections for several shapes gives the one
             # for this communicator's size.
             return load_profile(os.fspath(path), section_for=self.size)
-        except ProfileError as exc:
-            return exc
-        except OSError as exc:
-            return ProfileError(f"{path}: cannot read profile: {exc.strerror or exc}")
+        except (ProfileError, OSError) as exc:
+            text = str(exc) if isinstance(exc, ProfileError) else (
+                f"{path}: cannot read profile: {exc.strerror or exc}")
+            if profile is None:
+                # The job did not name this file: say where the path came from.
+                text = f"RINGTUNE_PROFILE={os.fspath(path)!r}: {text}"
+            return ProfileError(text)
 
     def _agree_at_construction(self, prof: Profile | Exception, tune_setting: Any = ("off",)
                                ) -> tuple[Profile, tuple[int, ...], Any]:

@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -265,13 +265,16 @@ def check_value(var: Variable, raw: str) -> Any:
     return text  # text: any one line
 
 
-def check_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Check every ``RINGTUNE_*`` variable of the table that is set: ``{name: value}`` of
-    the set ones, or ``EnvValueError`` (one line) for the first bad one. Call it before
-    anything is launched, searched or communicated."""
+def check_environment(environ: Mapping[str, str] | None = None,
+                      skip: Collection[str] = ()) -> dict[str, Any]:
+    """Check every ``RINGTUNE_*`` variable of the table that is set (but those in
+    ``skip``): ``{name: value}`` of the set ones, or ``EnvValueError`` (one line) for the
+    first bad one. Call it before anything is launched, searched or communicated."""
     env = os.environ if environ is None else environ
     out: dict[str, Any] = {}
     for var in VARIABLES:
+        if var.name in skip:
+            continue
         raw = env.get(var.name)
         if raw is not None:
             out[var.name] = check_value(var, raw)
