@@ -223,29 +223,6 @@ def peer_column(r: Runner, command: str) -> dict[str, list[str]]:
     return {size_label(int(size_bytes(row[0]))): row[1:] for row in rows}
 
 
-def one_host(r: Runner) -> dict[str, Any]:
-    args = " -b 65536 -e 1048576 --iters 3" if r.quick else ""
-    out = r.sh(f"mpiexec -n 2 python -m mpi4py benchmarks/bench_core.py{args}")
-    header, rows = select(*table_with(out, "size"),
-                          ["size", "native", "rhd", "mr r1 seg", "mr r2 seg", "mr r4 seg",
-                           "best ours / native"])
-    gloo = peer_column(r, "torch-mpiexec -n 2 torch-python -m mpi4py benchmarks/bench_gloo.py"
-                       + (args or " -b 4096 -e 67108864 --iters 5"))
-    if gloo:
-        header.insert(2, "gloo")
-        for row in rows:
-            row.insert(2, gloo.get(row[0], ["-", "-"])[1])
-    # Open MPI's own allreduce: the native column of the same script under Open MPI.
-    ompi = peer_column(r, "ompi-mpiexec -n 2 ompi-python -m mpi4py benchmarks/bench_core.py"
-                       + (args or " --iters 5"))
-    if ompi:
-        header.insert(2, "Open MPI")
-        for row in rows:
-            row.insert(2, ompi.get(row[0], ["-"])[0])
-    notes = [line for line in out.splitlines() if line.startswith(("memcpy", "overhead"))]
-    return {"columns": header, "rows": rows, "notes": notes}
-
-
 def tuner(r: Runner) -> dict[str, Any]:
     prof, db, js = "{work}/local.yaml", "{work}/local.db", "{work}/tuned.json"
     for stale in ("local.yaml", "local.db", "tuned.json"):
@@ -454,11 +431,46 @@ def shm(r: Runner) -> dict[str, Any]:
                          f"{best / native:.2f}x", row[header.index("mr r2 seg")],
                          t[1] if t else "-", t[3] if t else "-", t[4] if t else "-"])
         notes += [f"{n} ranks: {line}" for line in out.splitlines()
-                  if line.startswith(("copy bound", "# "))]
+                  if line.startswith("copy bound")]
     notes.append("busbw GB/s; MPICH, Open MPI: each library's own MPI_Allreduce; shm: the "
                  "best of its three chunk sizes (in brackets); gloo and the ringtune backend: "
                  "torch.distributed all_reduce in one job, interleaved")
     return {"columns": columns, "rows": rows, "notes": notes}
+
+
+def ddp_torchrun(r: Runner) -> dict[str, Any]:
+    """A DDP step under torchrun on this host, the ``ringtune`` backend with no profile
+    (``shm`` inside the host) against the same job on gloo: ``examples/train_digits.py``
+    (MLP 2300x3, 10.7 M float32 parameters: communication-bound), ABBA rounds so drift hits
+    both alike, each job's median step, then the median over jobs."""
+    rounds, steps = (1, 10) if r.quick else (3, 40)
+    rows: list[list[str]] = []
+    notes: list[str] = []
+    for n in (2, 4):
+        got: dict[str, list[float]] = {"gloo": [], "ringtune": []}
+        for k in range(rounds):
+            order = ("gloo", "ringtune") if k % 2 == 0 else ("ringtune", "gloo")
+            for backend in order:
+                js = f"{{work}}/ddp-{backend}-{n}-{k}.json"
+                r.sh(f"torch-python -m torch.distributed.run --standalone --nproc-per-node {n}"
+                     f" examples/train_digits.py --backend={backend} --hidden 2300 --layers 3"
+                     f" --steps {steps} --json {js}")
+                path = r.work / f"ddp-{backend}-{n}-{k}.json"
+                got[backend].append(json.loads(path.read_text(encoding="utf-8"))
+                                    ["median_step_ms"])
+        ours, theirs = (statistics.median(got[b]) for b in ("ringtune", "gloo"))
+        ratios = [g / t for g, t in zip(got["gloo"], got["ringtune"])]
+        rows.append([f"1 host x {n} ranks", f"{ours:.1f}", f"{theirs:.1f}",
+                     f"{theirs / ours:.2f}x"])
+        notes.append(f"{n} ranks: per round gloo / ringtune {min(ratios):.2f}–"
+                     f"{max(ratios):.2f}x over {rounds} rounds of {steps} steps")
+    command = (f"for N in 2 4, for each of {rounds} rounds, B = gloo then ringtune (reversed "
+               "in odd rounds): torch-python -m torch.distributed.run --standalone "
+               "--nproc-per-node N examples/train_digits.py --backend=B --hidden 2300 "
+               f"--layers 3 --steps {steps} --json FILE")
+    return {"columns": ["job", "ringtune backend (ms/step)", "gloo (ms/step)",
+                        "gloo / ringtune"], "rows": rows, "notes": notes,
+            "commands": [command]}
 
 
 @dataclass(frozen=True)
@@ -469,10 +481,6 @@ class Scenario:
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario("one-host", one_host, Plot(
-        "lines", "size", ("native", "Open MPI", "gloo", "rhd", "mr r1 seg", "mr r2 seg"),
-        "busbw (GB/s)",
-        hline=("memory copy", r"memcpy ceiling .*?: ([\d.]+) GB/s"))),
     Scenario("emulated", emulated, Plot(
         "lines", "size", ("native", "gloo", "native composition=beta", "multiring rings=2",
                           "hierarchical dims=[2,2]", "tuned profile"),
@@ -490,6 +498,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("shm", shm, Plot(
         "lines", "size", ("MPICH", "Open MPI", "shm", "mr r2 seg", "gloo",
                           "ringtune backend"), "busbw (GB/s)", group="ranks")),
+    Scenario("ddp-torchrun", ddp_torchrun, Plot(
+        "bars", "job", ("gloo / ringtune",), "step time over gloo / ringtune's",
+        xlabel="", log=False, level=("as fast as gloo", 1.0))),
     Scenario("cost-model", cost_model, Plot(
         "scatter", "measured (µs)", ("predicted (µs)",), "predicted (µs)",
         xlabel="measured (µs)")),
