@@ -259,3 +259,19 @@ def test_a_grouped_plot_has_one_panel_per_group(tmp_path: Path) -> None:
                           "notes": [], "measured": "2026-12-05 00:00 UTC"}, single)
     w1, h1 = struct.unpack(">II", single.read_bytes()[16:24])
     assert w1 < 2 * h1, "an ungrouped plot has one panel"
+
+
+def test_readme_figures_come_from_the_generated_tables() -> None:
+    """Every ratio and percentage the README's opening claims (ranges: both ends) is a figure
+    of a generated block of BENCHMARKS.md, so a reader can find it, its command and its
+    load there, and a rerun of the report that changes it makes this test say so."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    opening = readme.split("\n## ", 1)[0]
+    page = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    generated = "\n".join(re.findall(r"<!-- bench-report:.*?<!-- /bench-report:", page, re.S))
+    figures = re.findall(r"(\d+(?:\.\d+)?)(?:–(\d+(?:\.\d+)?))?(x|%)", opening)
+    assert figures, "the README's opening quotes no figure"
+    for low, high, unit in figures:
+        for number in filter(None, (low, high)):
+            assert re.search(rf"(?<![\d.]){re.escape(number + unit)}", generated), \
+                f"README figure {number}{unit} is not in BENCHMARKS.md's generated tables"
