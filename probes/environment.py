@@ -116,9 +116,11 @@ VARIABLES: tuple[Variable, ...] = (
              "`abort`: a failure once communication may have begun prints `ringtune: "
              "rank R: …` and ends every rank; `raise`: the exception goes to the caller.",
              choices=("abort", "raise"), unknown="error mode"),
-    Variable("RINGTUNE_STALL_TIMEOUT", "seconds", "0: off (waits forever, as MPI does)",
+    Variable("RINGTUNE_STALL_TIMEOUT", "seconds",
+             "0: off for MPI waits (forever, as MPI does); 1800 for `shm` waits",
              "Seconds without progress after which a wait ends with `StallError` naming "
-             "the rank and the peers it waited on (a dead peer, a link that is down).",
+             "the rank and the peers it waited on (a dead peer, a link that is down). "
+             "`shm` waits also name a peer whose process has ended within 0.2 s.",
              lo=0, hi=1e9),
     Variable("RINGTUNE_NAME_EXITS", "flag", "on",
              "`0` turns off the line a rank writes when it leaves through `os._exit` (so "
