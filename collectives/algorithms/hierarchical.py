@@ -340,12 +340,18 @@ class Hierarchical(Algorithm):
         seg = max(1, nbytes // max(1, world_size * rings))
         chunk = trial.suggest_categorical("hierarchical.chunk_bytes", chunk_choices(seg))
         every = grid_algorithm_names()
-        # Across hosts only dimension 0 can be the ranks of one host: an inner that needs
-        # one host (shm) is offered there alone.
+        # An inner that needs one host (shm) is offered only along a dimension whose
+        # groups lie inside one host: the first dimensions, while the ranks they span so far
+        # divide a host's ranks (all of them when the world is one host).
         outer = [k for k in every if not get_algorithm(k).intra_host_only]
-        inner = [trial.suggest_categorical(f"hierarchical.inner{j}",
-                                           every if j == 0 or hosts <= 1 else outer)
-                 for j in range(len(dims))]
+        per_host = world_size // hosts if hosts > 1 and world_size % hosts == 0 else (
+            world_size if hosts <= 1 else 1)
+        inner, span = [], 1
+        for j, d in enumerate(dims):
+            span *= d
+            inside = per_host % span == 0
+            inner.append(trial.suggest_categorical(f"hierarchical.inner{j}",
+                                                   every if inside else outer))
         out: dict[str, Any] = {"dims": dims, "rings": rings, "chunk_bytes": chunk,
                                "inner": inner}
         # Pipelining overlaps dimensions: searched on grids of several, when every inner

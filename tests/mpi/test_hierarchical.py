@@ -147,7 +147,7 @@ def test_tuner_search_space_gives_runnable_configurations(comm: Any) -> None:
     seen_dims = set()
     for _ in range(8):
         trial = study.ask()
-        cfg = suggest(trial, N, 1 << 16, ["hierarchical"])
+        cfg = suggest(trial, N, 1 << 16, ["hierarchical"], hosts=len(set(comm.hosts)))
         params = dict(cfg.params)
         checked = get_algorithm(cfg.algorithm).check_params(params, N)
         if N > 1:

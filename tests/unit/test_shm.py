@@ -272,3 +272,36 @@ def test_a_communicator_of_one_host_explains_shm_by_default(no_leftovers: None) 
     out = inproc.run_ranks(3, rank)
     assert all(v == 3.0 for _, v in out)
     assert all("shm" in line and "built-in defaults" in line for line, _ in out), out[0][0]
+
+
+class _RandomTrial:
+    """A stand-in for an Optuna trial that picks at random (seeded)."""
+
+    def __init__(self, seed: int) -> None:
+        import random
+
+        self.rng = random.Random(seed)
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        return self.rng.choice(list(choices))
+
+    def suggest_int(self, name: str, low: int, high: int, **kw: Any) -> int:
+        return self.rng.randint(low, high)
+
+
+@pytest.mark.parametrize("world,hosts", [(4, 2), (3, 3), (8, 2), (6, 1)])
+def test_the_grid_search_offers_shm_only_inside_a_host(world: int, hosts: int) -> None:
+    from collectives.algorithms import get_algorithm
+
+    grid = get_algorithm("hierarchical")
+    per_host = world // hosts
+    offered = False
+    for seed in range(300):
+        params = grid.search_space_on(_RandomTrial(seed), world, 1 << 20, hosts)
+        span = 1
+        for d, inner in zip(params["dims"], params["inner"]):
+            span *= d
+            if inner == "shm":
+                offered = True
+                assert per_host % span == 0, (params, "shm across hosts")
+    assert offered == (per_host > 1)
