@@ -1,8 +1,8 @@
 """Remove the shared-memory segments that killed MPI jobs of a test run left in /dev/shm.
 
-MPICH unlinks its ``mpich_shm_*`` segments when a job ends normally, not when a rank is
-killed or the job aborts — which many tests do on purpose. ``make test`` runs this at its
-end (whatever the outcome)::
+MPICH (``mpich_shm_*``) and Open MPI (``sm_segment.*``) remove their segments when a job
+ends normally, not when a rank is killed or the job aborts — which many tests do on purpose.
+``make test`` runs this at its end (whatever the outcome)::
 
     python tests/shm_leftovers.py --since EPOCH_SECONDS
 
@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 SHM = Path("/dev/shm")
-PREFIXES = ("mpich_shm_",)
+#: MPICH's segments, and Open MPI's btl/sm backing files (``sm_segment.HOST.UID.JOB.RANK``).
+PREFIXES = ("mpich_shm_", "sm_segment.")
 #: Seconds a segment must have existed before it may be judged left behind.
 MIN_AGE_S = 60.0
 
