@@ -81,8 +81,12 @@ def test_online_tuning_settles_on_the_tier_aware_grid(tmp_path: Path) -> None:
     slow = _slow_2x2(tmp_path / "slow.yaml", 200)
     out = _ok(emulate(slow, [WORKER, "online", str(count)], *TORCHRUN, timeout=240), "online")
     choice = out["settled"][str(count)]
-    assert choice["algorithm"] == "hierarchical", choice
-    assert choice["params"]["dims"] == [2, 2], choice
+    # ``shm`` on hosts of equal ranks is that grid too, with shared memory inside the hosts
+    # (dims [ranks per host, hosts] = [2, 2], inner [shm, multiring]): the torch defaults'
+    # choice on this layout, so online tuning may keep it.
+    assert choice["algorithm"] in ("hierarchical", "shm"), choice
+    if choice["algorithm"] == "hierarchical":
+        assert choice["params"]["dims"] == [2, 2], choice
 
 
 def test_a_killed_rank_ends_the_job_naming_it(tmp_path: Path) -> None:
