@@ -141,13 +141,9 @@ class ShmSchedule:
     def run(self, buf: Any) -> None:
         if self.trivial:
             return
-        seg, flags, me, n = self.seg, self.seg.flags, self.me, self.n
+        flags, me, n = self.seg.flags, self.me, self.n
         for a, b in self.steps:
-            g = seg.steps
-            seg.steps = g + 1
-            slots = self.slots[g & 1]
-            if g >= 2:
-                flags.wait_all(3 * g - 3)  # everyone has copied step g-2 out of these slots
+            g, slots = self._begin_step()
             mine = slots[me]
             slices = self.slices[b - a]
             o, ln = slices[me]
@@ -201,6 +197,8 @@ class ShmSchedule:
         return out
 
     def _begin_step(self) -> tuple[int, list[np.ndarray]]:
+        """Count the next step on the segment and give its set of slots, once every rank
+        has copied step g-2 out of them (the two sets alternate)."""
         seg = self.seg
         g = seg.steps
         seg.steps = g + 1
