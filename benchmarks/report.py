@@ -7,9 +7,14 @@ figures as data, render the page from the data.
 
 Each scenario of BENCHMARKS.md (one host, every MPI library's peers, emulated tiers,
 training, tuner quality, cost model) runs its scripts from ``benchmarks/`` with the commands
-shown on the page, takes the Markdown table each script prints (rank 0) and stores it, with
-the commands, the time, the load average and the machine, as
-``benchmarks/results/NAME.json``. ``render`` writes each
+shown on the page and stores what they measured as ``benchmarks/results/NAME.json``. The
+scenarios with a ``table`` (tuner, emulated, training) store the measurements themselves
+(``raw``: the scripts' unrounded numbers) with their provenance (``provenance``: each command
+as shown and as run with its wall time, the machine, the load average before and after, the
+start and end, the git commit and whether files differed from it), and the table is computed
+from ``raw`` when the page is rendered, every ratio from the cells it shows; the others store
+the table their script printed, with the commands, the time, the load and the machine.
+``render`` writes each
 scenario's table between the page's ``<!-- bench-report:NAME -->`` markers and its plot to
 ``docs/img/NAME.png``; the prose around the markers (how to read it, known limits) is the
 page's own. So the stored data is the one source of every table and plot, and a unit test
@@ -83,6 +88,8 @@ class Runner:
     quick: bool
     work: Path
     commands: list[str] = field(default_factory=list)
+    #: Each command as it ran: the argv (this installation's paths), wall seconds, status.
+    ran: list[dict[str, Any]] = field(default_factory=list)
 
     def tokens(self) -> dict[str, list[str]]:
         bindir = Path(sys.executable).parent
@@ -137,11 +144,17 @@ class Runner:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         print(f"report: {shown}", file=sys.stderr, flush=True)
         self.commands.append(shown)
+        record: dict[str, Any] = {"argv": shlex.join(argv)}
+        self.ran.append(record)
+        t0 = time.monotonic()
         try:
             proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                   text=True, timeout=timeout, start_new_session=True)
         except subprocess.TimeoutExpired as exc:
             raise RuntimeError(f"`{shown}` ran longer than {timeout} s") from exc
+        finally:
+            record["seconds"] = round(time.monotonic() - t0, 1)
+        record["status"] = proc.returncode
         if proc.returncode == 77:
             raise Skip(f"`{shown}` cannot run here (exit 77: no root or no namespaces)")
         if proc.returncode != 0:
@@ -223,85 +236,185 @@ def peer_column(r: Runner, command: str) -> dict[str, list[str]]:
     return {size_label(int(size_bytes(row[0]))): row[1:] for row in rows}
 
 
+# The scenarios below store measurements (``raw``: the scripts' own numbers, unrounded) and
+# their table is computed from them when the page is rendered (``Scenario.table``); every
+# ratio or percentage of such a table is computed from the cells the table shows.
+
+
+def _ratio(num: str, den: str) -> float:
+    """A ratio of two cells as the table shows them (their first numbers)."""
+    a, b = first_number(num), first_number(den)
+    if a is None or not b:
+        raise ValueError(f"no ratio of {num!r} and {den!r}")
+    return a / b
+
+
 def tuner(r: Runner) -> dict[str, Any]:
-    prof, db, js = "{work}/local.yaml", "{work}/local.db", "{work}/tuned.json"
+    """`make tune`'s search (`ringtune tune`, its default ranks and budget) from a fresh
+    study into the work folder, timed; then the tuned profile against native and every
+    fixed configuration (``bench_tuned.py``)."""
+    prof, js = "{work}/local.yaml", "{work}/tuned.json"
     for stale in ("local.yaml", "local.db", "tuned.json"):
         (r.work / stale).unlink(missing_ok=True)
-    tune = "--buckets 64K,1M --trials 3 --budget 40" if r.quick else "--budget 90"
-    r.sh(f"ringtune tune -np 2 --out {prof} --storage sqlite:///{db} {tune} --no-progress")
+    tune = " --buckets 64K,1M --trials 3 --budget 40" if r.quick else ""
+    t0 = time.monotonic()
+    r.sh(f"ringtune tune --out {prof} --fresh --no-progress{tune}")
+    tune_s = time.monotonic() - t0
     bench = " -b 64K -e 1M --rounds 1" if r.quick else ""
     r.sh(f"mpiexec -n 2 python -m mpi4py benchmarks/bench_tuned.py --profile {prof} "
          f"--json {js}{bench}")
     data = json.loads((r.work / "tuned.json").read_text(encoding="utf-8"))
+    return {"raw": {"tune_seconds": round(tune_s, 1), "bench_tuned": data}}
+
+
+def tuner_table(raw: dict[str, Any]) -> dict[str, Any]:
+    data = raw["bench_tuned"]
     fixed = data["best_fixed"]
-    rows = [[size_label(x["bytes"]), f"{x['busbw']['native']:.3f}",
-             f"{x['busbw']['tuned']:.3f}", f"{x['busbw'][fixed]:.3f}",
-             f"{x['busbw']['tuned'] / x['busbw']['native']:.2f}x", x["tuned_choice"]]
-            for x in data["rows"]]
+    rows = []
+    aa = []
+    for x in data["rows"]:
+        bw = x["busbw"]
+        native, tuned = f"{bw['native']:.3f}", f"{bw['tuned']:.3f}"
+        rows.append([size_label(x["bytes"]), native, tuned, f"{bw[fixed]:.3f}",
+                     f"{_ratio(tuned, native):.2f}x", x["tuned_choice"]])
+        if "native'" in bw and bw["native"]:  # bench_tuned.py's A/A control
+            aa.append(bw["native'"] / bw["native"])
+    notes = [f"busbw GB/s, {data['ranks']} ranks; `ringtune tune` took "
+             f"{raw['tune_seconds']:.0f} s (wall, from a fresh study; its budget bounds the "
+             f"search); best fixed = the fixed configuration with the best geometric mean "
+             f"over all sizes; memcpy bound {data['copy_gbs']:.2f} GB/s"]
+    if aa:
+        notes.append(f"A/A control (native timed twice): {min(aa):.2f}–{max(aa):.2f}x")
     return {"columns": ["size", "native", "tuned", f"best fixed: {fixed}", "tuned / native",
-                        "tuned choice"], "rows": rows, "notes": []}
+                        "tuned choice"], "rows": rows, "notes": notes}
+
+
+#: The emulated table's configurations, in column order (bench_emulated.py's labels).
+EMU_COLUMNS = ("native", "native composition=beta", "multiring rings=2",
+               "hierarchical dims=[2,2]", "tuned profile")
 
 
 def emulated(r: Runner) -> dict[str, Any]:
     prof = "{work}/emu.yaml"
-    (r.work / "emu.db").unlink(missing_ok=True)
-    tune = ("--buckets 1M --trials 2 --budget 30" if r.quick
-            else "--min-bytes 64K --max-bytes 64M --budget 120")
+    for stale in ("emu.yaml", "emu.db", "emu-bench.json"):
+        (r.work / stale).unlink(missing_ok=True)
+    tune = (" --buckets 1M --trials 2 --budget 30" if r.quick
+            else " --min-bytes 64K --max-bytes 64M --budget 120")
     r.sh(f"ringtune emulate -q --cluster {EMU} -- ringtune tune --out {prof} "
-         f"--storage sqlite:///{{work}}/emu.db {tune} --no-progress")
+         f"--storage sqlite:///{{work}}/emu.db{tune} --no-progress")
     bench = (" --max-bytes 4194304 --iters 1 --repeats 1 --no-probe --compositions beta"
              if r.quick else "")
-    out = r.sh(f"ringtune emulate -q --cluster {EMU} -- python benchmarks/bench_emulated.py "
-               f"--cluster {EMU} --profile {prof} --min-bytes 1048576{bench}")
+    r.sh(f"ringtune emulate -q --cluster {EMU} -- python benchmarks/bench_emulated.py "
+         f"--cluster {EMU} --profile {prof} --min-bytes 1048576 --json "
+         f"{{work}}/emu-bench.json{bench}")
+    data = json.loads((r.work / "emu-bench.json").read_text(encoding="utf-8"))
+    from ringtune.emulate.spec import load_emulated, tcp_payload_share
 
-    def short(h: str) -> str:
-        return re.sub(r" ms( \(.*\))?$", "", h)
-
-    header, rows = select(*table_with(out, "size"), [
-        "size", "bound", "ceiling", "native", "native composition=beta", "multiring rings=2",
-        "hierarchical dims=[2,2]", "tuned profile"], short)
-    for row in rows:  # the script writes "1024 KiB"; the page's other tables "1 MiB"
-        row[0] = size_label(int(size_bytes(row[0])))
+    spec = load_emulated(str(ROOT / EMU))
+    raw: dict[str, Any] = {
+        "cluster": data.get("cluster"), "uplink_bps": spec.tiers[0].rate_bps, "mtu": spec.mtu,
+        "tcp_payload_share": tcp_payload_share(spec.mtu),
+        "rows": [{k: x[k] for k in ("bytes", "bound_s", "measured_s", "samples_us",
+                                    "profile_choice") if k in x} for x in data["rows"]]}
     gloo = peer_column(r, f"ringtune emulate -q --cluster {EMU} -- torch-python "
                        "benchmarks/bench_gloo.py --min-bytes 1048576"
                        + (" --max-bytes 4194304 --iters 2" if r.quick else ""))
     if gloo:
-        header.insert(4, "gloo")
-        for row in rows:
-            ms = first_number(gloo.get(row[0], ["-"])[0])
-            bound, native = first_number(row[1]), first_number(row[3])
-            row.insert(4, f"{ms:.1f} ({100 * bound / ms:.0f}%, {native / ms:.2f}x)"
-                       if ms and bound and native else "-")
-    return {"columns": header, "rows": rows, "notes": []}
+        raw["gloo_ms"] = {str(int(size_bytes(k))): float(v[0]) for k, v in gloo.items()}
+    return {"raw": raw}
+
+
+def emulated_table(raw: dict[str, Any]) -> dict[str, Any]:
+    gloo = raw.get("gloo_ms") or {}
+    present = [c for c in EMU_COLUMNS if all(c in x["measured_s"] for x in raw["rows"])]
+    columns = ["size", "bound", "ceiling", *present[:1], *(["gloo"] if gloo else []),
+               *present[1:]]
+    rows = []
+    for x in raw["rows"]:
+        bound = f"{x['bound_s'] * 1e3:.1f}"
+        ms = {c: f"{x['measured_s'][c] * 1e3:.1f}" for c in present}
+        if gloo and str(x["bytes"]) in gloo:
+            ms["gloo"] = f"{gloo[str(x['bytes'])]:.1f}"
+        same = "1.00x by construction" in (x.get("profile_choice") or "")
+        row = [size_label(x["bytes"]), bound,
+               f"{x['bound_s'] / raw['tcp_payload_share'] * 1e3:.1f}"]
+        for c in columns[3:]:
+            if c not in ms:
+                row.append("-")
+                continue
+            pct = f"{100 * _ratio(bound, ms[c]):.0f}%"
+            if c == "native":
+                row.append(f"{ms[c]} ({pct})")
+            else:
+                mark = " = native" if c == "tuned profile" and same else ""
+                row.append(f"{ms[c]} ({pct}, {_ratio(ms['native'], ms[c]):.2f}x{mark})")
+        rows.append(row)
+    choices = "; ".join(f"{size_label(x['bytes'])}: {x['profile_choice']}"
+                        for x in raw["rows"] if x.get("profile_choice"))
+    notes = [f"ms (% of the bound, x native); bound = S / uplink "
+             f"({raw['uplink_bps'] / 1e9:g} Gbit/s); ceiling = the bound at TCP's payload "
+             f"share of a tbf-shaped link at MTU {raw['mtu']} "
+             f"({100 * raw['tcp_payload_share']:.1f}%)"]
+    if choices:
+        notes.append(f"the tuned profile's choice: {choices}")
+    return {"columns": columns, "rows": rows, "notes": notes}
+
+
+def _hook_rounds(out: str) -> dict[str, list[float]]:
+    """bench_training.py step's per-round step times (ms), per hook."""
+    _, rows = table_with(out, "hook")
+    return {row[0]: [float(v) for v in row[2].split(",")] for row in rows}
+
+
+#: The training scenario's jobs: (label, command, quick arguments, full arguments).
+TRAINING_JOBS = (
+    ("1 host x 2 ranks, MLP 512x2 (0.30 M parameters)",
+     "torch-mpiexec -n 2 torch-python benchmarks/bench_training.py step --hidden 512 "
+     "--layers 2", "--steps 2 --rounds 1", "--steps 10 --rounds 9"),
+    ("2 hosts x 2 ranks at 1 Gbit/s, embedding (10.24 M parameters), gradients as bucket "
+     "views",
+     f"ringtune emulate -q --cluster {EMU} -- torch-python benchmarks/bench_training.py step "
+     "--model embedding --bucket-cap-mb 25 --batch 8 --mpi-progress=throttle --bucket-view",
+     "", "--steps 3 --rounds 9"),
+)
 
 
 def training(r: Runner) -> dict[str, Any]:
-    rows: list[list[str]] = []
-    jobs = [("1 host x 2 ranks, MLP 512x2 (0.30 M parameters)",
-             "torch-mpiexec -n 2 torch-python benchmarks/bench_training.py step --hidden 512 "
-             "--layers 2 " + ("--steps 2 --rounds 1" if r.quick else "--steps 10 --rounds 9"))]
-    if not r.quick:
-        prof = r.work / "emu.yaml"
-        with_prof = " --profile {work}/emu.yaml" if prof.exists() else ""
-        jobs.append(("2 hosts x 2 ranks at 1 Gbit/s, embedding (10.24 M parameters), "
-                     "gradients as bucket views",
-                     f"ringtune emulate -q --cluster {EMU} -- torch-python "
-                     "benchmarks/bench_training.py step --model embedding --bucket-cap-mb 25 "
-                     f"--batch 8 --steps 3 --rounds 9{with_prof} --mpi-progress=throttle "
-                     "--bucket-view"))
-    for label, command in jobs:
+    """DDP with ringtune's hook against DDP over gloo, interleaved rounds in one job: one
+    host, and (not in quick mode) across the emulated 2 x 2 with the emulated scenario's
+    profile where it wrote one (run ``emulated`` first)."""
+    jobs: list[dict[str, Any]] = []
+    for label, command, quick_args, full_args in TRAINING_JOBS:
+        if r.quick and not quick_args:
+            continue
+        args = quick_args if r.quick else full_args
+        if "emulate" in command and (r.work / "emu.yaml").exists():
+            args += " --profile {work}/emu.yaml"
         try:
-            out = r.sh(command)
+            out = r.sh(f"{command} {args}")
         except Skip:
-            if rows:
+            if jobs:
                 continue  # the emulated job needs root; the one-host row stands alone
             raise
-        _, trows = table_with(out, "hook")
-        med = {row[0]: float(row[1]) for row in trows}
-        rows.append([label, f"{med['ringtune']:.1f}", f"{med['gloo']:.1f}",
-                     f"{med['gloo'] / med['ringtune']:.2f}x"])
+        steps = int(re.search(r"--steps (\d+)", args).group(1))  # type: ignore[union-attr]
+        jobs.append({"job": label, "steps_per_round": steps,
+                     "profile": "--profile" in args, "rounds_ms": _hook_rounds(out)})
+    return {"raw": {"jobs": jobs}}
+
+
+def training_table(raw: dict[str, Any]) -> dict[str, Any]:
+    rows, notes = [], []
+    for job in raw["jobs"]:
+        rt, gl = job["rounds_ms"]["ringtune"], job["rounds_ms"]["gloo"]
+        ours, theirs = f"{statistics.median(rt):.1f}", f"{statistics.median(gl):.1f}"
+        rows.append([job["job"], ours, theirs, f"{_ratio(theirs, ours):.2f}x"])
+        per = [g / t for g, t in zip(gl, rt)]
+        notes.append(f"{job['job'].split(',')[0]}: medians of {len(rt)} interleaved rounds of "
+                     f"{job['steps_per_round']} steps; per round gloo / ringtune "
+                     f"{min(per):.2f}–{max(per):.2f}x"
+                     + ("; the emulated scenario's tuned profile" if job["profile"] else ""))
     return {"columns": ["job", "ringtune (ms/step)", "DDP over gloo (ms/step)",
-                        "gloo / ringtune"], "rows": rows, "notes": []}
+                        "gloo / ringtune"], "rows": rows, "notes": notes}
 
 
 #: The MPI libraries of the peer table: (name, prefix of its environment's tokens).
@@ -478,6 +591,9 @@ class Scenario:
     name: str
     run: Callable[[Runner], dict[str, Any]]
     plot: Plot
+    #: The table (columns, rows, notes) computed from the stored measurements (``raw``);
+    #: None: the scenario stores its table as the script printed it.
+    table: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -485,12 +601,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         "lines", "size", ("native", "gloo", "native composition=beta", "multiring rings=2",
                           "hierarchical dims=[2,2]", "tuned profile"),
         "% of the link's bound (S / uplink)", log=False, value=r"\((\d+(?:\.\d+)?)%",
-        level=("TCP's ceiling (95.6%)", 95.6))),
+        level=("TCP's ceiling (95.6%)", 95.6)), emulated_table),
     Scenario("training", training, Plot(
         "bars", "job", ("gloo / ringtune",), "step time of DDP over gloo / ringtune's",
-        xlabel="", log=False, level=("as fast as gloo", 1.0))),
+        xlabel="", log=False, level=("as fast as gloo", 1.0)), training_table),
     Scenario("tuner", tuner, Plot(
-        "lines", "size", ("native", "tuned", "best fixed"), "busbw (GB/s)")),
+        "lines", "size", ("native", "tuned", "best fixed"), "busbw (GB/s)"), tuner_table),
     Scenario("peers", peers, Plot(
         "lines", "size", ("copy bound", "MPICH", "ringtune on MPICH", "Open MPI",
                           "ringtune on Open MPI", "Intel MPI", "ringtune on Intel MPI", "gloo"),
@@ -522,8 +638,35 @@ def load_results(root: Path, fallback: Path = ROOT) -> dict[str, dict[str, Any]]
     return out
 
 
+def _loads(loads: Sequence[float]) -> str:
+    return "/".join(f"{x:.1f}" for x in loads)
+
+
+def measured(prov: dict[str, Any]) -> str:
+    """When, at which load and from which commit a scenario was measured, in one phrase."""
+    start, end = prov["started"], prov["finished"]
+    span = (start if start == end else f"{start}–{end[11:]}" if start[:10] == end[:10]
+            else f"{start}–{end}")
+    commit = prov["git_commit"][:10] + (" with local changes" if prov["git_dirty"] else "")
+    return (f"{span} UTC, load average (1/5/15 min) {_loads(prov['load_before'])} before, "
+            f"{_loads(prov['load_after'])} after; commit {commit}"
+            + (", quick mode (small sizes, few repeats)" if prov.get("quick") else ""))
+
+
+def view(name: str, data: dict[str, Any]) -> dict[str, Any]:
+    """What the page shows of a scenario's data: its table (computed from its measurements
+    where it stores them) with ``commands``, ``measured`` and ``machine``."""
+    table = SCENARIOS[name].table if name in SCENARIOS else None
+    if "raw" not in data or table is None:
+        return data
+    prov = data["provenance"]
+    return {**table(data["raw"]), "commands": prov["commands"], "measured": measured(prov),
+            "machine": prov["machine"]}
+
+
 def block(name: str, data: dict[str, Any]) -> str:
     """The generated part of a scenario's section."""
+    data = view(name, data)
     lines = [f"<!-- bench-report:{name} — generated by benchmarks/report.py from "
              f"{RESULTS.as_posix()}/{name}.json; do not edit here -->", ""]
     lines += [f"    {c}" for c in data["commands"]]
@@ -599,6 +742,7 @@ def plot(name: str, data: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     spec = SCENARIOS[name].plot
+    data = view(name, data)
     xi = _column(data, spec.x)
     if xi is None:
         raise RuntimeError(f"{name}: no column {spec.x!r} to plot against")
@@ -642,7 +786,7 @@ def plot(name: str, data: dict[str, Any], path: Path) -> None:
                 ax.set_xscale("log")
         ax.set_xlabel(spec.xlabel)
         ax.set_ylabel(spec.ylabel)
-        title = f"{name}: measured {data['measured'].split(',')[0]}"
+        title = f"{name}: measured {data['measured'].split(',')[0].split('–')[0]}"
         ax.set_title(f"{title}, {g} {spec.group}" if g else title, fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
@@ -668,16 +812,41 @@ def render(out: Path) -> None:
 
 
 def machine() -> str:
-    """This machine in one phrase: CPUs, memory, MPI library."""
+    """This machine in one phrase: CPUs (and their model), memory, Python, MPI library."""
     cpus = len(os.sched_getaffinity(0))
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                model = " (" + " ".join(line.split(":", 1)[1].split()) + ")"
+                break
+    except OSError:
+        pass
     try:
         from mpi4py import MPI
 
         lib = " ".join(MPI.Get_library_version().splitlines()[0].split())[:40]
     except Exception:  # noqa: BLE001 - the description is informative only
         lib = "MPI unknown"
-    return f"{cpus} vCPU, {mem:.0f} GiB, {lib}"
+    py = ".".join(map(str, sys.version_info[:3]))
+    return f"{cpus} vCPU{model}, {mem:.0f} GiB, Linux {os.uname().release}, Python {py}, {lib}"
+
+
+def git_state() -> tuple[str, bool]:
+    """The commit the scenarios ran from, and whether tracked files differed from it."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True,
+                                  text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return git("rev-parse", "HEAD") or "unknown", bool(
+        git("status", "--porcelain", "--untracked-files=no"))
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
 def run(names: Sequence[str], quick: bool, out: Path) -> int:
@@ -689,7 +858,8 @@ def run(names: Sequence[str], quick: bool, out: Path) -> int:
     for name in names:
         r = Runner(quick=quick, work=work)
         start = time.monotonic()
-        load = os.getloadavg()[0]
+        started, load = utc_now(), os.getloadavg()
+        commit, dirty = git_state()
         try:
             data = SCENARIOS[name].run(r)
         except Skip as why:
@@ -699,13 +869,24 @@ def run(names: Sequence[str], quick: bool, out: Path) -> int:
             print(f"report: {name}: FAILED: {exc}", file=sys.stderr)
             failed += 1
             continue
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        # A scenario may state its commands as a loop (``commands`` of its data) where it
-        # runs one per library and rank count; each ran as printed on stderr.
-        data.setdefault("commands", r.commands)
-        data.update(machine=machine(),
-                    measured=f"{now}, load average {load:.1f} at the start"
-                    + (", quick mode (small sizes, few repeats)" if quick else ""))
+        if "raw" in data:
+            # Measurements and where they came from; the page's table is computed from
+            # them (``view``). Commands: as shown (this installation's paths as tokens:
+            # python, mpiexec, ringtune, torch-python, ...) and as run.
+            data = {"provenance": {
+                "commands": r.commands, "ran": r.ran, "started": started,
+                "finished": utc_now(), "load_before": [round(x, 2) for x in load],
+                "load_after": [round(x, 2) for x in os.getloadavg()],
+                "machine": machine(), "git_commit": commit, "git_dirty": dirty,
+                "quick": quick}, **data}
+        else:
+            now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            # A scenario may state its commands as a loop (``commands`` of its data) where
+            # it runs one per library and rank count; each ran as printed on stderr.
+            data.setdefault("commands", r.commands)
+            data.update(machine=machine(),
+                        measured=f"{now}, load average {load[0]:.1f} at the start"
+                        + (", quick mode (small sizes, few repeats)" if quick else ""))
         path = out / RESULTS / f"{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(str(path), json.dumps(data, indent=1, ensure_ascii=False) + "\n")
