@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from probes.records import RecordError, declare, key_path, load, schema_document
+from safefiles.records import RecordError, declare, key_path, load, schema_document
 
 #: Bounds of the files' figures. Ranks: the model works on NumPy arrays with one entry per
 #: rank and ranks every grid of the world size, so ``ringtune simulate`` costs grow with
@@ -186,7 +186,7 @@ class Workload:
         return self.compute_seconds / self.step_seconds(allreduce_seconds)
 
 
-# -- the files' records, declared once (probes.records checks them) ---------------------
+# -- the files' records, declared once (safefiles.records checks them) ---------------------
 
 
 def _figure(default: Any = dataclasses.MISSING, *, zero: bool = False, integer: bool = False,
@@ -263,7 +263,7 @@ class ClusterFile:
         return None
 
     def __check__(self, where: str) -> None:
-        """The levels make the world and a host is whole levels (``probes.records`` runs it
+        """The levels make the world and a host is whole levels (``safefiles.records`` runs it
         on loading)."""
         sizes = [lv.size for lv in self.levels]
         product = math.prod(sizes)
@@ -297,7 +297,7 @@ class WorkloadFile:
         (), ge=1, shape="a list of positive integers (bytes of each gradient tensor)")
 
     def __check__(self, where: str) -> None:
-        """The tensors make the gradient (``probes.records`` runs it on loading)."""
+        """The tensors make the gradient (``safefiles.records`` runs it on loading)."""
         tensors = self.tensor_bytes
         if tensors and sum(tensors) != self.gradient_bytes:
             raise RecordError(key_path(where, "tensor_bytes"),
@@ -350,10 +350,10 @@ def workload_schema() -> dict[str, Any]:
 
 
 def _read_yaml(path: str, kind: str) -> Any:
-    """The file's plain data through the one bounded reader (``probes.safeload``: size,
+    """The file's plain data through the one bounded reader (``safefiles.safeload``: size,
     alias and depth caps, duplicate keys, plain types, finite numbers); a profile or a
     topology file given by mistake is named as such."""
-    from probes.safeload import check_kind, load_file
+    from safefiles.safeload import check_kind, load_file
 
     data = load_file(path, kind, max_bytes=MAX_FILE_BYTES, as_json=False)
     check_kind(data, kind, path)

@@ -20,9 +20,9 @@ from typing import Any
 from collectives.atomic import write_text_atomic
 from collectives.schema import SCHEMA_FILE as PROFILE_SCHEMA_FILE
 from collectives.schema import profile_schema
-from probes.records import schema_text
 from probes.topology import SCHEMA_FILE as TOPOLOGY_SCHEMA_FILE
 from probes.topology import topology_schema
+from safefiles.records import schema_text
 
 from .cluster import CLUSTER_SCHEMA_FILE, WORKLOAD_SCHEMA_FILE, cluster_schema, workload_schema
 

@@ -38,7 +38,7 @@ def write_big(path: str, n: int) -> None:
     import yaml
 
     from collectives.profile import MAX_RULES, write_profile
-    from probes.safeload import load_file
+    from safefiles.safeload import load_file
 
     base = load_file(EXAMPLE, "profile")
     rules: list[dict[str, Any]] = []
@@ -87,7 +87,7 @@ def bench(path: str, runs: int) -> dict[str, float]:
 def _parts(path: str) -> dict[str, float]:
     """CPU seconds of the parts of ``load_profile`` + ``sha256``."""
     from collectives.profile import profile_from_dict
-    from probes.safeload import parse_text, read_bounded
+    from safefiles.safeload import parse_text, read_bounded
 
     gc.collect()
     t0 = time.process_time()

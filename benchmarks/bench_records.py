@@ -8,7 +8,7 @@ hand-made table holds) and the largest topology the caps admit (``MAX_HOSTS`` ho
 ``--runs``): reading each file through its loader (parse + validate), and validating its
 already-parsed data alone (``profile_from_dict``, ``Topology.from_dict``). Last, the wall
 time of ``python -c 'import collectives'`` in a fresh interpreter (median of ``--runs``).
-The figures chose the one declared-record validator (``probes.records``): see
+The figures chose the one declared-record validator (``safefiles.records``): see
 docs/profile-format.md "How files are checked".
 """
 
@@ -79,8 +79,8 @@ def main() -> int:
     args = ap.parse_args()
     import probes
     from collectives.profile import MAX_RULES, load_profile, profile_from_dict
-    from probes.safeload import parse_text
     from probes.topology import MAX_HOSTS, MAX_RANKS, Topology
+    from safefiles.safeload import parse_text
 
     gpus = MAX_RANKS // MAX_HOSTS
     with tempfile.TemporaryDirectory() as tmp:

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from probes.numbers import parse_number
-from probes.numbers import parse_size as _parse_size
+from safefiles.numbers import parse_number
+from safefiles.numbers import parse_size as _parse_size
 
 from .communicator import Communicator
 
@@ -39,8 +39,8 @@ from .registry import get_backend
 def parse_size(text: str | int, what: str = "size") -> int:
     """``"4K"``, ``"64M"``, ``"1G"`` or ``"1048576"`` → bytes (K/M/G are powers of 1024, as
     nccl-tests). ``ValueError`` naming ``what`` and the text otherwise: a negative, ``inf``,
-    ``nan``, ``1e400`` or a size above ``probes.numbers.MAX_SIZE`` included (the one
-    number parser, ``probes.numbers``)."""
+    ``nan``, ``1e400`` or a size above ``safefiles.numbers.MAX_SIZE`` included (the one
+    number parser, ``safefiles.numbers``)."""
     return _parse_size(text, what)
 
 

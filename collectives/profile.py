@@ -214,9 +214,9 @@ def load_profile(path: str | os.PathLike[str], world_size: int | None = None,
     ``section_for``: pick the section for that world size when the profile has one
     (``shapes``), without rejecting another size (the runtime's warn-and-fall-back).
     """
-    # One bounded reader for every file (probes.safeload): size, alias/node and depth caps,
+    # One bounded reader for every file (safefiles.safeload): size, alias/node and depth caps,
     # duplicate keys, plain types and finite numbers are checked while parsing.
-    from probes.safeload import InputError, check_kind, parse_text, read_bounded
+    from safefiles.safeload import InputError, check_kind, parse_text, read_bounded
 
     name = os.fspath(path)
     try:
@@ -240,10 +240,10 @@ def profile_from_dict(data: Any, name: str = "<profile>",
     """Validate a profile mapping (as parsed from YAML) and build the ``Profile``.
 
     Errors read ``NAME: KEY.PATH: what is wrong, got VALUE``. First every key is checked as
-    ``ProfileRecord`` declares it (``probes.records``), then what a declaration cannot say:
+    ``ProfileRecord`` declares it (``safefiles.records``), then what a declaration cannot say:
     the shape's product, the world size, registered names, contiguous rules and each
     algorithm's own checks of its params. ``copy=False``: ``data`` is fresh plain data from
-    ``probes.safeload`` that nothing else holds; it becomes the profile's ``raw`` as it is
+    ``safefiles.safeload`` that nothing else holds; it becomes the profile's ``raw`` as it is
     (copying an aliased tree expands it).
     """
     from .shapes import pick
@@ -260,7 +260,7 @@ def profile_from_dict(data: Any, name: str = "<profile>",
         for key in ("tuning", "extra"):
             if key in data:
                 _check_plain(name, data[key], key)
-    from probes.records import RecordError, load
+    from safefiles.records import RecordError, load
 
     from .records import ProfileRecord
 
@@ -483,7 +483,7 @@ def write_profile(profile_or_dict: Profile | Mapping[str, Any],
     check_writable(name)
     try:
         return write_text_atomic(name, text)
-    except OSError as exc:  # OutputError (probes.outfile) included: its reason alone
+    except OSError as exc:  # OutputError (safefiles.outfile) included: its reason alone
         why = getattr(exc, "reason", "") or exc.strerror or exc
         raise ProfileError(f"{name}: cannot write profile: {why} (folder "
                            f"{folder}); choose a writable --out") from None
@@ -492,9 +492,9 @@ def write_profile(profile_or_dict: Profile | Mapping[str, Any],
 def check_writable(path: str | os.PathLike[str]) -> None:
     """Fail early (``ProfileError``) when ``path`` could not be written later: used by
     ``ringtune tune`` before spending minutes on a search. The one writer's own look
-    (``probes.outfile.check_output``): a device or FIFO is written through, a symlink's
+    (``safefiles.outfile.check_output``): a device or FIFO is written through, a symlink's
     target replaced; a directory, dangling link or unwritable place is refused."""
-    from probes.outfile import OutputError, check_output
+    from safefiles.outfile import OutputError, check_output
 
     name = os.fspath(path)
     try:

@@ -1,6 +1,6 @@
 """The profile file's records, declared once (docs/profile-format.md "How files are checked").
 
-``probes.records`` checks a file against these (``collectives.profile.profile_from_dict``)
+``safefiles.records`` checks a file against these (``collectives.profile.profile_from_dict``)
 and ``collectives.schema`` writes the JSON Schema from them; what a declaration cannot say
 is checked in ``profile_from_dict`` after. Not imported by ``import collectives`` (the
 declarations import ``probes``): the loader imports it when it first reads a profile.
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from probes.records import declare, optional_keys, required_keys
 from probes.topology import fingerprint_field
+from safefiles.records import declare, optional_keys, required_keys
 
 from .profile_format import (
     FORMAT,

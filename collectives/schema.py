@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from probes.records import schema_document
-from probes.records import schema_text as _text
+from safefiles.records import schema_document
+from safefiles.records import schema_text as _text
 
 from .algorithms import get_algorithm
 from .algorithms.registry import user_algorithm_names

@@ -61,7 +61,7 @@ def check(data: Mapping[str, Any], name: str, validate: Validate) -> None:
     value = data.get("shapes")
     if value is None:
         return
-    from probes.records import RecordError, load
+    from safefiles.records import RecordError, load
 
     from .records import Sections
 

@@ -31,7 +31,7 @@ def env_seconds(name: str, meaning: str, environ: Any = None) -> float:
     infinite or non-number value is a ``ValueError`` of one line naming the variable, its
     value and ``meaning`` (what the seconds are for). The one parser of the runtime's and
     the CLI's seconds-valued variables."""
-    from probes.numbers import NumberError, parse_number
+    from safefiles.numbers import NumberError, parse_number
 
     text = (os.environ if environ is None else environ).get(name, "").strip()
     if not text:

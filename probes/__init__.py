@@ -59,7 +59,8 @@ __all__ = [
 def load_topology(path: str | os.PathLike[str]) -> Topology:
     """Read a topology file (YAML, or JSON when it ends in ``.json``). Any problem raises
     ``TopologyError`` naming the file and the key."""
-    from .safeload import InputError, load_file
+    from safefiles.safeload import InputError, load_file
+
     from .topology import MAX_FILE_BYTES, MAX_FILE_VALUES
 
     name = os.fspath(path)

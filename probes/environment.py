@@ -27,8 +27,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .numbers import NumberError, parse_number
-from .outfile import OutputError, check_output
+from safefiles.numbers import NumberError, parse_number
+from safefiles.outfile import OutputError, check_output
 
 #: What a flag accepts, case-insensitively: on, then off.
 FLAG_ON = ("1", "true", "yes", "on")
@@ -48,7 +48,7 @@ class Variable:
     """One ``RINGTUNE_*`` variable. ``kind``: ``flag`` (``FLAG_ON``/``FLAG_OFF``),
     ``choice`` (one of ``choices``), ``int``/``float``/``seconds`` (a finite number in
     ``lo``..``hi``), ``file`` (an existing regular file to read), ``out`` (a file to write:
-    ``probes.outfile.check_output``), ``modules`` (comma-separated Python module names),
+    ``safefiles.outfile.check_output``), ``modules`` (comma-separated Python module names),
     ``command`` (an executable, a path or a name on ``PATH``), ``pid`` (a process id, set by
     ringtune) or ``text`` (any one line, set by ringtune)."""
 
@@ -162,7 +162,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("RINGTUNE_TUNE_OUT", "out", "none",
              "Where online tuning writes the settled choices as a profile for this shape "
              "(at `close()`, at exit, or on `save_tuning()`), as every output is written "
-             "(`probes/outfile.py`); a second job writing the same file is refused at its "
+             "(`safefiles/outfile.py`); a second job writing the same file is refused at its "
              "start."),
     Variable("RINGTUNE_TUNE_CALLS", "int", "32",
              _ONLINE + "exploring calls per size class before it settles on the best so "
@@ -312,7 +312,7 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] == ["--write"]:  # make docs
-        from .outfile import write_text
+        from safefiles.outfile import write_text
 
         with open(PAGE, encoding="utf-8") as fh:
             write_text(PAGE, render_page(fh.read()))

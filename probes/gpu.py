@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from ._sysfs import normalize_bus_id, parse_cpulist, path, read_nonneg, read_text
+from .sysfs import normalize_bus_id, parse_cpulist, path, read_nonneg, read_text
 from .topology import NVML_LEVELS, P2P_STATUS, Gpu, GpuPair, NvLink, PciDevice
 
 #: ``nvmlGpuP2PCapsIndex_t`` values (READ, WRITE, NVLINK), as plain ints on purpose.
@@ -159,7 +159,7 @@ class RecordedResponder:
 
     @classmethod
     def load(cls, file: str) -> RecordedResponder:
-        from .safeload import load_file
+        from safefiles.safeload import load_file
 
         data = load_file(file, "NVML recording", as_json=True)
         if not isinstance(data, dict):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from ._sysfs import listdir, parse_cpulist, path, read_int, read_text
+from .sysfs import listdir, parse_cpulist, path, read_int, read_text
 from .topology import NumaNode
 
 

@@ -78,7 +78,7 @@ def rank_info(local_rank: int) -> dict[str, Any]:
 
 def bind_gpu(host: Host, info: dict[str, Any]) -> int | None:
     """The position in ``host.gpus`` of the GPU this rank uses, or ``None``."""
-    from ._sysfs import normalize_bus_id
+    from .sysfs import normalize_bus_id
 
     gpus = host.gpus
     if not gpus:

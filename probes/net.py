@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ._sysfs import listdir, path, pci_chain, read_int, read_nonneg, read_text, realpath
+from .sysfs import listdir, path, pci_chain, read_int, read_nonneg, read_text, realpath
 from .topology import Nic, PciDevice
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ._sysfs import listdir, path, pci_chain, read_nonneg, read_text, realpath
+from .sysfs import listdir, path, pci_chain, read_nonneg, read_text, realpath
 from .topology import PciDevice
 
 #: Class code prefixes (``0xCCSS``): what a device is.

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._sysfs import format_cpulist
-from .records import RecordError, declare, key_path, load, schema_document, show
+from safefiles.records import RecordError, declare, key_path, load, schema_document, show
+
+from .sysfs import format_cpulist
 
 FORMAT = "ringtune-topology"
 VERSION = 1
@@ -213,7 +214,7 @@ class Host:
 
     def __check__(self, where: str) -> None:
         """One host's facts agree with each other: NUMA ids, distances, GPU indexes and
-        pairs, the NUMA nodes devices name (``probes.records`` runs it on loading)."""
+        pairs, the NUMA nodes devices name (``safefiles.records`` runs it on loading)."""
         ids = [x.id for x in self.numa]
         if len(set(ids)) != len(ids):
             raise RecordError(key_path(where, "numa"), f"node ids {ids} repeat; each node once")
@@ -319,7 +320,7 @@ class Topology:
                                    compare=False, hash=False)
 
     def __check__(self, where: str) -> None:
-        """The rank layout and the link matrices agree with the hosts (``probes.records``
+        """The rank layout and the link matrices agree with the hosts (``safefiles.records``
         runs it on loading, after each host's own ``Host.__check__``): ranks listed in
         order, host, GPU and NUMA indexes that exist, local ranks distinct and below their
         host's rank count, one matrix row and column per rank."""
@@ -404,7 +405,7 @@ class Topology:
     def from_dict(cls, data: Any, source: str = "<topology>") -> Topology:
         """Build and check a ``Topology`` from plain data; ``TopologyError`` names
         ``source`` and the key path of the first problem."""
-        from .safeload import InputError, check_kind
+        from safefiles.safeload import InputError, check_kind
 
         try:
             check_kind(data, "topology", source)
@@ -417,8 +418,8 @@ class Topology:
 
     @classmethod
     def from_yaml(cls, text: str, source: str = "<topology>") -> Topology:
-        """Parse (bounded, plain YAML only: ``probes.safeload``) and check."""
-        from .safeload import InputError, parse_text
+        """Parse (bounded, plain YAML only: ``safefiles.safeload``) and check."""
+        from safefiles.safeload import InputError, parse_text
 
         try:
             data = parse_text(text, source)
@@ -428,7 +429,7 @@ class Topology:
 
     @classmethod
     def from_json(cls, text: str, source: str = "<topology>") -> Topology:
-        from .safeload import InputError, parse_json
+        from safefiles.safeload import InputError, parse_json
 
         try:
             data = parse_json(text, source)

@@ -136,7 +136,7 @@ FLOAT_BOUNDS: tuple[float, float] = (0.0, 1e9)
 
 class NumberFlag:
     """The ``type=`` of every numeric flag (``bound_numbers`` puts it in place of
-    ``int``/``float``): ``probes.numbers.parse_number`` with the flag's bounds, so ``inf``,
+    ``int``/``float``): ``safefiles.numbers.parse_number`` with the flag's bounds, so ``inf``,
     ``nan``, ``1e400`` and a huge or out-of-range value are one usage line naming the flag
     and the value (exit 2). ``__name__`` is the type's, so text that is no number keeps
     argparse's line (``--trials: invalid int value: 'many'``)."""
@@ -146,7 +146,7 @@ class NumberFlag:
         self.__name__ = kind.__name__
 
     def __call__(self, text: str) -> int | float:
-        from probes.numbers import NumberError, parse_number
+        from safefiles.numbers import NumberError, parse_number
 
         try:
             self.kind(text)  # not a number at all: argparse's own "invalid int value"
@@ -163,7 +163,7 @@ class NumberFlag:
 
 class SizeFlag:
     """The ``type=`` of every byte-size flag (a ``dest`` ending in ``bytes``):
-    ``probes.numbers.parse_size``, so ``-b inf``, ``-e 1e400`` and ``infK`` are one usage
+    ``safefiles.numbers.parse_size``, so ``-b inf``, ``-e 1e400`` and ``infK`` are one usage
     line naming the flag."""
 
     __name__ = "size"
@@ -172,7 +172,7 @@ class SizeFlag:
         self.flag = flag
 
     def __call__(self, text: str | int) -> int:
-        from probes.numbers import NumberError, parse_size
+        from safefiles.numbers import NumberError, parse_size
 
         try:
             return parse_size(text, self.flag)
@@ -183,7 +183,7 @@ class SizeFlag:
 
 class OutputFlag:
     """The ``type=`` of every output-file flag (``--out FILE``, ``--json FILE``): the path
-    as given, after ``probes.outfile.check_output`` looked at it, so a directory, a
+    as given, after ``safefiles.outfile.check_output`` looked at it, so a directory, a
     dangling link or an unwritable place is one usage line before any probing, tuning or
     launching (``-`` is stdout). Nothing is created or opened."""
 
@@ -193,7 +193,7 @@ class OutputFlag:
         self.flag, self.noun = flag, noun
 
     def __call__(self, text: str) -> str:
-        from probes.outfile import OutputError, check_output
+        from safefiles.outfile import OutputError, check_output
 
         if text == "-":
             return text

@@ -51,7 +51,7 @@ def report_error(exc: BaseException | str, rank: int = 0, *,
 
 
 #: The packages whose warnings the CLI prints as one line (``one_line_warnings``).
-_OWN_PACKAGES = ("collectives", "autotune", "probes", "ringtune")
+_OWN_PACKAGES = ("collectives", "autotune", "probes", "safefiles", "ringtune")
 
 
 def one_line_warnings() -> None:

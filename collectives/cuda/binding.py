@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from probes._sysfs import normalize_bus_id as parse_bus_id
+from probes.sysfs import normalize_bus_id as parse_bus_id
 
 from ..launcher import local_rank, local_size
 from .detect import visible_devices_text, world_rank

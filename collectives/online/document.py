@@ -241,7 +241,7 @@ def _base_document(comm: Any) -> dict[str, Any]:
 
     prof = comm.profile
     if not prof.builtin and prof.path:
-        from probes.safeload import InputError, parse_text, read_bounded
+        from safefiles.safeload import InputError, parse_text, read_bounded
 
         try:
             whole = parse_text(read_bounded(prof.path, "profile"), prof.path)

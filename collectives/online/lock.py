@@ -15,7 +15,7 @@ class TuneOutLock:
     lock file removed) at close; a killed job releases it with its last descriptor."""
 
     def __init__(self, path: str) -> None:
-        from probes.outfile import OutputError, target_of
+        from safefiles.outfile import OutputError, target_of
 
         # Beside what is written (a symlink's target: two links to one file share the
         # lock); a device or FIFO is written through, not replaced: no lock, and no

@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def parse_params(items: list[str]) -> dict[str, Any]:
     """``["rings=2", "chunk_bytes=1M", "order=[[0,1],[1,0]]"]`` → typed dict."""
     from collectives.bench import parse_size
-    from probes.safeload import InputError, parse_text
+    from safefiles.safeload import InputError, parse_text
 
     out: dict[str, Any] = {}
     for item in items:

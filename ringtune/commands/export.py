@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--format mpich: the profile names MPICH compositions, which go to "
                          "a second file (ch4's selection) next to --out: give --out FILE")
     if ch4 is not None:
-        from probes.outfile import target_of
+        from safefiles.outfile import target_of
 
         # Written through a device (--out /dev/stdout), the second file would land in /dev.
         if target_of(args.out, "--out")[1]:

@@ -132,8 +132,8 @@ def _pcie(gen: int | None, width: int | None) -> str:
 
 def render(topo: Any, measure_asked: bool = False) -> str:
     """The human summary of a ``Topology`` (what ``ringtune probe`` prints)."""
-    from probes._sysfs import format_cpulist
     from probes.pci import pcie_level
+    from probes.sysfs import format_cpulist
 
     out = [f"ringtune probe: {topo.summary()}",
            f"fingerprint: {topo.fingerprint()}   source: {topo.source}"]
@@ -200,7 +200,7 @@ def render(topo: Any, measure_asked: bool = False) -> str:
 
 
 def _topo_matrix(h: Any, pcie_level: Any) -> list[str]:
-    from probes._sysfs import format_cpulist
+    from probes.sysfs import format_cpulist
 
     gpus, nics = h.gpus, h.nics
     names = [f"GPU{i}" for i in range(len(gpus))] + [f"NIC{i}" for i in range(len(nics))]

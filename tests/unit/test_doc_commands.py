@@ -87,8 +87,8 @@ def test_the_pages_show_commands_of_every_kind() -> None:
 def test_a_command_line_of_the_docs_parses(where: str, args: list[str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     # Syntax only: an output path of the reader's cluster (/shared/profiles/…) need not
-    # exist here (the CLI looks at output paths while parsing, probes.outfile).
-    monkeypatch.setattr("probes.outfile.check_output", lambda *a, **k: None)
+    # exist here (the CLI looks at output paths while parsing, safefiles.outfile).
+    monkeypatch.setattr("safefiles.outfile.check_output", lambda *a, **k: None)
     try:
         build_parser().parse_args(args)
     except UsageError as exc:

@@ -14,7 +14,7 @@ from ringtune import clidoc
 from ringtune.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("probes", "collectives", "autotune", "ringtune")
+PRODUCT = ("safefiles", "probes", "collectives", "autotune", "ringtune")
 OWN_VAR = re.compile(r"\bRINGTUNE_[A-Z0-9_]+\b")
 VAR_NAME = re.compile(r"^[A-Z][A-Z0-9_]*[A-Z0-9]$")
 

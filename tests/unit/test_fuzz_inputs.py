@@ -41,12 +41,12 @@ import pytest
 import yaml
 
 import probes
-import probes.safeload as psl
+import safefiles.safeload as psl
 from autotune.cluster import cluster_from_dict, load_cluster, load_workload, workload_from_dict
 from collectives.errors import ProfileError
 from collectives.profile import dump_profile, load_profile, profile_from_dict
-from probes.safeload import parse_text
 from probes.topology import Links, Topology, TopologyError
+from safefiles.safeload import parse_text
 from tests import fuzzing
 from tests.fixtures import MACHINES, materialize
 
@@ -443,7 +443,7 @@ _EDITS = [
 
 class _NoDates(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """PyYAML's safe loader less timestamps: ringtune keeps an unquoted date as text (a
-    documented choice, probes/safeload.py)."""
+    documented choice, safefiles/safeload.py)."""
 
     yaml_implicit_resolvers = {
         k: [(tag, rx) for tag, rx in v if not tag.endswith(":timestamp")]

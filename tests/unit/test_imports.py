@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("probes", "collectives", "autotune", "ringtune")
+PACKAGES = ("safefiles", "probes", "collectives", "autotune", "ringtune")
 
 
 def _modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:

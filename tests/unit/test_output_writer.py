@@ -1,4 +1,4 @@
-"""The one output writer (probes/outfile.py, collectives/atomic.py): what each kind of path
+"""The one output writer (safefiles/outfile.py, collectives/atomic.py): what each kind of path
 becomes, and that nothing replaces a device node or a symlink (issue 35).
 
 Each case uses a private path under ``tmp_path``: a device node is made with ``mknod``
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-import probes.outfile as outfile
+import safefiles.outfile as outfile
 from collectives.atomic import atomic_path, write_text_atomic
-from probes.outfile import OutputError, check_output, write_text
+from safefiles.outfile import OutputError, check_output, write_text
 
 ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
 needs_root = pytest.mark.skipif(not ROOT, reason="mknod of a device node needs root")

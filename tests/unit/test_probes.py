@@ -13,8 +13,8 @@ import pytest
 
 import probes
 from probes import gpu, layout, links, net, pci
-from probes._sysfs import format_cpulist, normalize_bus_id, parse_cpulist
 from probes.gpu import RecordedResponder
+from probes.sysfs import format_cpulist, normalize_bus_id, parse_cpulist
 from probes.topology import Gpu, Host, Links, Nic, NumaNode, RankPlace, Topology
 from tests.fixtures import MACHINES
 

@@ -8,7 +8,7 @@ frozen dataclass whose fields are the file's keys. Field types say what a value 
 adds what a type alone cannot: bounds, choices, a pattern, list caps, and the words of a
 refusal. Then:
 
-- ``load(cls, data)`` checks plain data (what ``probes.safeload`` parsed) against the
+- ``load(cls, data)`` checks plain data (what ``safefiles.safeload`` parsed) against the
   declaration and builds the record; the first problem raises ``RecordError`` with one line
   ``key.path: what is wrong, got VALUE`` (the caller puts the file name in front);
 - ``json_schema(cls, names)`` is the JSON Schema (draft 2020-12) of the same declaration;
@@ -316,7 +316,7 @@ def _compile(tp: Any, spec: Spec) -> Convert:
         return lambda value, where: _convert_record(tp, value, where)
     if tp in (int, float, str, bool):
         return _scalar(tp, spec)
-    raise TypeError(f"record field type {tp!r} is not one probes.records knows")
+    raise TypeError(f"record field type {tp!r} is not one safefiles.records knows")
 
 
 @dataclass(frozen=True)
@@ -516,7 +516,7 @@ def _field_schema(tp: Any, spec: Spec, names: Mapping[str, Any]) -> dict[str, An
         if hi is not None:
             body["maximum"] = hi
     else:
-        raise TypeError(f"record field type {tp!r} is not one probes.records knows")
+        raise TypeError(f"record field type {tp!r} is not one safefiles.records knows")
     if spec.doc:
         body = {"description": spec.doc, **body}
     return body

@@ -6,7 +6,7 @@ seconds, and ``parse_size(text, what)`` for a byte size with a K/M/G/T suffix. B
 a finite value within the bounds or raise ``NumberError`` (a ``ValueError``) whose message
 is one line ``WHAT='TEXT': what is expected``: ``inf``, ``nan``, ``1e400`` (which ``float``
 reads as infinity) and ``infK`` are refused here, never turned into an ``OverflowError``
-deep inside a command. Files are read by ``probes.safeload``, which refuses non-finite
+deep inside a command. Files are read by ``safefiles.safeload``, which refuses non-finite
 numbers the same way; their bounds are the records' ``declare(...)``.
 
 It lives in ``probes`` (the bottom layer) because every layer reads such numbers: the
