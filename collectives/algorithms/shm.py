@@ -12,9 +12,20 @@ The message is cut into steps of ``chunk_bytes`` per rank, so the working set of
 overlaps the peers' copy-out of step g, and a slot is reused only when every rank has
 finished with it (step g waits for step g−2's copy-out, not g−1's).
 
-Each element is reduced on one rank — its slice's owner r, in the order
-((x_r+x_{r+1})+…)+x_{r−1}, reading its own input in place — and then copied: results are
-bitwise identical on every rank and from call to call.
+Single copy: where the kernel lets every rank read its peers' memory (Linux CMA,
+``collectives.shm.cma``; probed once per segment, on every rank alike, the reason logged
+where refused), the fused allreduce skips the segment's copies: each rank reduces its block
+of the whole message reading the peers' parts with ``process_vm_readv`` into a scratch
+chunk of ``chunk_bytes`` (in cache) and adding them into its own buffer, then reads every
+peer's reduced block straight into its buffer. Per rank that is (3P−1)/P of the message in
+memory traffic against (5P−1)/P…(6P−2)/P for the segment's copy in, reduce, copy of the
+result and copy out, and three synchronisations per call instead of three per step.
+
+Each element is reduced on one rank — its owner r, in the order ((x_r+x_{r+1})+…)+x_{r−1},
+reading its own input in place — and then copied: results are bitwise identical on every
+rank and from call to call. The owner is a block's of the whole message on the single-copy
+path and a step slice's on the segment's: a plan uses one path for every call, chosen alike
+on every rank (at 2 ranks both give the same bits).
 
 Across hosts (a profile that chose ``shm`` on a bigger job) it runs as the inner tier of
 ``hierarchical`` — shared memory inside each host, the transport (MPI, gloo) between hosts:
@@ -36,7 +47,10 @@ from typing import Any
 import numpy as np
 
 from ..ops import itemsize as dtype_itemsize
+from ..plumbing.logs import log
 from ..shm import Segment, ShmUnavailable, attach_segment
+from ..shm.cma import CmaError, CmaReader
+from ..shm.sync import PeerGone, process_alive
 from .base import Algorithm, Context
 from .multiring import _balanced
 from .registry import get_algorithm, register
@@ -67,6 +81,15 @@ def check_chunk_bytes(value: Any) -> int:
     return value
 
 
+#: Smallest message (bytes) for single-copy reads where the host allows them.
+SINGLE_COPY_MIN_BYTES = 0
+
+
+def single_copy_ok(nbytes: int) -> bool:
+    """Whether a fused allreduce of ``nbytes`` uses single-copy reads (where allowed)."""
+    return nbytes >= SINGLE_COPY_MIN_BYTES
+
+
 def segment_for(ctx: Context, slot_bytes: int) -> Segment:
     """The context's segment, with slots of at least ``slot_bytes`` (collective: made, or
     remade larger, on every rank alike — plans are built in the same order everywhere).
@@ -75,8 +98,11 @@ def segment_for(ctx: Context, slot_bytes: int) -> Segment:
     if seg is not None and seg.nbytes >= 2 * ctx.size * slot_bytes:
         return seg
     names = ctx.world_ranks if len(ctx.world_ranks) == ctx.size else None
-    seg = attach_segment(ctx.comm, 2 * ctx.size * slot_bytes, names)
-    seg.slot_bytes = slot_bytes  # type: ignore[attr-defined]
+    seg = attach_segment(ctx.comm, 2 * ctx.size * slot_bytes, names, slot_bytes)
+    why = seg.probe_cma(ctx.comm)
+    if why and ctx.rank == 0:
+        log.info("shm: single-copy reads are off on this host (%s); the segment's copies "
+                 "are used instead", why)
     ctx.cache[SEGMENT_KEY] = seg
     return seg
 
@@ -90,7 +116,7 @@ class _Slots:
     """Typed views of a segment's two sets of per-rank slots."""
 
     def __init__(self, seg: Segment, dtype: str, slot_elems: int) -> None:
-        slot_bytes = seg.slot_bytes  # type: ignore[attr-defined]
+        slot_bytes = seg.slot_bytes
         self.views = [[seg.view(dtype, (half * seg.size + q) * slot_bytes, slot_elems)
                        for q in range(seg.size)] for half in (0, 1)]
 
@@ -135,11 +161,24 @@ class ShmSchedule:
         longest = max(ln for _, ln in self.blocks)
         self.grid_steps = max(1, -(-longest // per))
         self.per = per
+        # Single copy (the fused run only): where every rank may read its peers' memory,
+        # this rank reduces its block reading the peers' inputs where they lie, a chunk of
+        # ``chunk_bytes`` at a time through a scratch chunk that stays in cache.
+        self.reader: CmaReader | None = None
+        if not self.seg.cma_refused and single_copy_ok(count * size):
+            self.reader = CmaReader()
+            self.itemsize = size
+            self.pids = [int(p) for p in self.seg.flags.pids]
+            self.scratch = np.empty(max(1, min(blocks[me][1], chunk_bytes // size)),
+                                    dtype=dtype)
 
     # -- the fused allreduce ---------------------------------------------------------------
 
     def run(self, buf: Any) -> None:
         if self.trivial:
+            return
+        if self.reader is not None and type(buf) is np.ndarray:
+            self._run_single_copy(buf)
             return
         flags, me, n = self.seg.flags, self.me, self.n
         for a, b in self.steps:
@@ -167,6 +206,65 @@ class ShmSchedule:
                     if ln:
                         np.copyto(buf[a + o:a + o + ln], slots[q][o:o + ln])
             flags.publish(3 * g + 3)
+
+    def _run_single_copy(self, buf: np.ndarray) -> None:
+        """The fused allreduce by single-copy reads (``collectives.shm.cma``): publish this
+        buffer's address; reduce this rank's block chunk by chunk, each peer's part read
+        into the scratch chunk and added in the fixed order; publish; read every peer's
+        reduced block straight into this buffer; publish, and return once every peer has
+        read this rank's block (the caller may then change the buffer). One step of the
+        segment's counters, whatever the size: three synchronisations per call."""
+        seg = self.seg
+        flags, me, n, isz = seg.flags, self.me, self.n, self.itemsize
+        # One step of the segment's counters. A slot step before it may still be copying
+        # out of slots, which this step never touches; one after it waits for this step's
+        # end as for any step's.
+        g = seg.steps
+        seg.steps = g + 1
+        mine = int(buf.ctypes.data)
+        flags.addresses[me] = mine
+        flags.publish(3 * g + 1)
+        others = [(me + k) % n for k in range(1, n)]
+        start, ln = self.owned
+        if ln:
+            scratch = self.scratch
+            per = scratch.size
+            tmp_addr = int(scratch.ctypes.data)
+            ufunc = self.ufunc
+            for q in others:
+                self._wait_peer(q, 3 * g + 1)
+            remote = [int(flags.addresses[q]) for q in others]
+            for lo in range(start, start + ln, per):
+                m = min(per, start + ln - lo)
+                out = buf[lo:lo + m]
+                tmp = scratch[:m]
+                for q, addr in zip(others, remote):
+                    self._read(q, tmp_addr, addr + lo * isz, m * isz, 3 * g + 1)
+                    ufunc(out, tmp, out=out)
+            if self.divide_by:
+                self.backend.divide(buf[start:start + ln], self.divide_by)
+        flags.publish(3 * g + 2)
+        for q in others:
+            o, m = self.blocks[q]
+            if m:
+                self._wait_peer(q, 3 * g + 2)
+                addr = int(flags.addresses[q])
+                self._read(q, mine + o * isz, addr + o * isz, m * isz, 3 * g + 2)
+        flags.publish(3 * g + 3)
+        flags.wait_all(3 * g + 3)
+
+    def _wait_peer(self, q: int, value: int) -> None:
+        self.seg.flags.wait(q, value)
+
+    def _read(self, q: int, local: int, remote: int, nbytes: int, value: int) -> None:
+        """One single-copy read from rank ``q``; its end (killed) is named as a wait's is."""
+        assert self.reader is not None
+        try:
+            self.reader.read(self.pids[q], local, remote, nbytes)
+        except CmaError:
+            if not process_alive(self.pids[q]):
+                self.seg.flags.report(PeerGone, [q], value, 0.0)
+            raise
 
     def _others(self, slots: list[np.ndarray]) -> list[np.ndarray]:
         """The other ranks' slots, from the next rank round to the previous one."""

@@ -39,8 +39,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..stall import ENV as STALL_ENV
-from ..stall import StallError, stall_timeout
+from ..plumbing.stall import ENV as STALL_ENV
+from ..plumbing.stall import StallError, stall_timeout
 
 #: Seconds a wait lasts when ``RINGTUNE_STALL_TIMEOUT`` is unset (torch's gloo default).
 DEFAULT_TIMEOUT_S = 1800.0
@@ -129,6 +129,9 @@ class Flags:
                              f"{size} ranks")
         self.rank, self.size = rank, size
         self.counters = words[: size * STRIDE : STRIDE]
+        #: A word per rank beside its counter (same cache line): the address of the
+        #: buffer it offers to single-copy readers, written before it publishes.
+        self.addresses = words[1: size * STRIDE : STRIDE]
         self.pids = words[size * STRIDE : size * STRIDE + size]
         self.names = tuple(names) if names is not None else tuple(range(size))
         self.mine = int(self.counters[rank])
@@ -203,6 +206,12 @@ class Flags:
                 self._fail(behind, value, now - start, StallError)
             time.sleep(sleep)
             sleep = min(sleep * 2, MAX_SLEEP_S)
+
+    def report(self, kind: type[StallError], ranks: list[int], value: int,
+               waited: float) -> None:
+        """Raise ``kind`` (``PeerGone``, ``StallError``) naming ``ranks`` at ``value``, as a
+        failed wait does: for a failure found outside a wait (a single-copy read)."""
+        self._fail(ranks, value, waited, kind)
 
     def _fail(self, ranks: list[int], value: int, waited: float,
               kind: type[StallError]) -> None:

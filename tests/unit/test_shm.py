@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from collectives import Communicator
+from collectives.plumbing.stall import ENV as STALL_ENV
+from collectives.plumbing.stall import StallError
 from collectives.shm import ShmUnavailable, attach_segment
 from collectives.shm import segment as segmod
 from collectives.shm.sync import STRIDE, Flags, PeerGone
-from collectives.stall import ENV as STALL_ENV
-from collectives.stall import StallError
 from tests import inproc
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
@@ -305,3 +305,98 @@ def test_the_grid_search_offers_shm_only_inside_a_host(world: int, hosts: int) -
                 offered = True
                 assert per_host % span == 0, (params, "shm across hosts")
     assert offered == (per_host > 1)
+
+
+# -- single-copy reads (collectives/shm/cma.py) --------------------------------------------
+
+
+def _allreduce_random(n: int, count: int, chunk: int) -> list[tuple[bytes, bool, str]]:
+    """Every rank's result bytes for a float32 sum of seeded random inputs, whether the plan
+    read peers' memory directly, and the segment's reason when it did not."""
+    def rank(world: Any) -> tuple[bytes, bool, str]:
+        c = Communicator(world)
+        r = world.Get_rank()
+        x0 = np.random.default_rng(r).standard_normal(count).astype(np.float32)
+        x = x0.copy()
+        c.allreduce(x, "sum", algorithm="shm", transport="inproc", chunk_bytes=chunk)
+        again = x0.copy()
+        c.allreduce(again, "sum", algorithm="shm", transport="inproc", chunk_bytes=chunk)
+        assert again.tobytes() == x.tobytes()  # call after call, the same bits
+        sched = c.prepared(x, "sum", algorithm="shm", transport="inproc",
+                           chunk_bytes=chunk).algo.schedule
+        return x.tobytes(), sched.reader is not None, sched.seg.cma_refused or ""
+
+    return inproc.run_ranks(n, rank)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_single_copy_and_the_segments_copies_agree_bit_for_bit(
+        n: int, monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:
+    from collectives.algorithms import shm as shm_algo
+    from collectives.shm import cma
+
+    if cma.available():
+        pytest.skip(cma.available())
+    direct = _allreduce_random(n, 10007, 256)  # uneven blocks, many scratch chunks
+    assert all(used for _, used, _ in direct), direct[0][2]
+    monkeypatch.setattr(shm_algo, "SINGLE_COPY_MIN_BYTES", 1 << 60)
+    slots = _allreduce_random(n, 10007, 256)
+    assert not any(used for _, used, _ in slots)
+    # Every rank alike on each path. The sum is within float32 rounding of the exact one;
+    # at 2 ranks (one addition per element, commutative) both paths give the same bits,
+    # beyond 2 each path's order starts at the element's owner, which differs.
+    assert len({b for b, _, _ in direct}) == 1 and len({b for b, _, _ in slots}) == 1
+    exact = sum(np.random.default_rng(r).standard_normal(10007).astype(np.float32)
+                .astype(np.float64) for r in range(n))
+    for got in (direct[0][0], slots[0][0]):
+        np.testing.assert_allclose(np.frombuffer(got, np.float32), exact, rtol=1e-5,
+                                   atol=1e-5)
+    if n == 2:
+        assert direct[0][0] == slots[0][0]
+
+
+def test_single_copy_refused_falls_back_with_a_logged_reason(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        no_leftovers: None) -> None:
+    import errno
+
+    from collectives.shm import cma
+
+    def refuse(self: Any, pid: int, local: int, remote: int, nbytes: int) -> None:
+        raise cma.CmaError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(cma.CmaReader, "read", refuse)
+    with caplog.at_level("INFO", logger="ringtune"):
+        out = _allreduce_random(3, 5000, 1024)
+    assert not any(used for _, used, _ in out)
+    assert len({b for b, _, _ in out}) == 1
+    reasons = {why for _, _, why in out}
+    assert len(reasons) == 1 and "EPERM" in reasons.pop()
+    said = [r.getMessage() for r in caplog.records if "single-copy" in r.getMessage()]
+    assert len(said) == 1 and "EPERM" in said[0] and "ptrace" in said[0]
+
+
+def test_a_single_copy_read_from_a_gone_process_fails() -> None:
+    import errno
+
+    from collectives.shm import cma
+
+    if cma.available():
+        pytest.skip(cma.available())
+    buf = np.zeros(4, dtype=np.int64)
+    with pytest.raises(cma.CmaError) as info:
+        cma.CmaReader().read(2**31 - 2, int(buf.ctypes.data), int(buf.ctypes.data), 8)
+    assert info.value.errno in (errno.ESRCH, errno.EPERM)
+
+
+def test_slot_bytes_is_a_field_of_the_segment(no_leftovers: None) -> None:
+    def rank(world: Any) -> tuple[int, int]:
+        seg = attach_segment(world, 8192, slot_bytes=2048)
+        plain = attach_segment(world, 64)
+        try:
+            return seg.slot_bytes, plain.slot_bytes
+        finally:
+            seg.close()
+            plain.close()
+
+    assert inproc.run_ranks(2, rank) == [(2048, 0), (2048, 0)]
