@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from collectives.abort import abort_world
+from collectives.plumbing.abort import abort_world
 
 from .records import TuneError
 from .storage_errors import failure_text, storage_failure
@@ -41,5 +41,5 @@ def on_root(comm: Any, fn: Callable[[], Any]) -> Any:
 
 
 def abort(comm: Any, message: str) -> None:
-    """End every rank with ``ringtune: error: message`` (``collectives.abort``)."""
+    """End every rank with ``ringtune: error: message`` (``collectives.plumbing.abort``)."""
     abort_world(comm, f"ringtune: error: {message}", 1)

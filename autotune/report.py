@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from collectives.atomic import atomic_path, write_text_atomic
 from collectives.plan import params_text
+from collectives.plumbing.atomic import atomic_path, write_text_atomic
 
 
 def human_bytes(n: int | None) -> str:

@@ -1,7 +1,7 @@
 """Every JSON Schema file under ``profiles/schema/``, generated from the declared records.
 
 Run ``python -m autotune.schemas`` (``make schema``) after changing a record's declaration
-or an algorithm's parameters: it rewrites the profile's schema (``collectives.schema``:
+or an algorithm's parameters: it rewrites the profile's schema (``collectives.profile.schema``:
 records plus the registries), the topology's (``probes.topology``), and the cluster's and
 workload's (``autotune.cluster``). ``--check`` only says which are stale (exit 1); a unit
 test does the same. Here, not in ``collectives`` or ``probes``, because the cluster's
@@ -17,9 +17,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from collectives.atomic import write_text_atomic
-from collectives.schema import SCHEMA_FILE as PROFILE_SCHEMA_FILE
-from collectives.schema import profile_schema
+from collectives.plumbing.atomic import write_text_atomic
+from collectives.profile.schema import SCHEMA_FILE as PROFILE_SCHEMA_FILE
+from collectives.profile.schema import profile_schema
 from probes.topology import SCHEMA_FILE as TOPOLOGY_SCHEMA_FILE
 from probes.topology import topology_schema
 from safefiles.records import schema_text

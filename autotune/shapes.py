@@ -1,5 +1,5 @@
 """``ringtune tune --shapes``: tune several job shapes of one allocation in one run and write
-them as the sections of one profile (``collectives.shapes`` reads them back).
+them as the sections of one profile (``collectives.profile.shapes`` reads them back).
 
 Each listed size s tunes the sub-communicator of world ranks 0..s-1 (the first s ranks, as
 a data-parallel group or a smaller job on the same hosts would be), largest first, while

@@ -59,7 +59,7 @@ class StorageLock:
     def acquire(cls, path: str, url: str, wait: bool = False) -> StorageLock:
         """Lock ``path`` (the lock file of storage ``url``); ``TuneError`` when another run
         holds it and ``wait`` is false, else block until it is released."""
-        from collectives.lockfile import LockBusy, take
+        from collectives.plumbing.lockfile import LockBusy, take
 
         launcher = os.environ.get("RINGTUNE_LAUNCHED", "")
         who = (f"pid {launcher} (its rank 0: pid {os.getpid()})" if launcher.isdigit()
@@ -83,10 +83,10 @@ class StorageLock:
         return cls(path, fd)
 
     def release(self) -> None:
-        """Remove the lock file and unlock (``collectives.lockfile.release``)."""
+        """Remove the lock file and unlock (``collectives.plumbing.lockfile.release``)."""
         if self._fd is None:
             return
-        from collectives.lockfile import release
+        from collectives.plumbing.lockfile import release
 
         release(self.path, self._fd)
         self._fd = None

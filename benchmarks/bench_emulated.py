@@ -251,7 +251,7 @@ def main() -> int:
               f"repeats x {args.iters} iterations")
         print("\n".join(lines), flush=True)
         if args.json:
-            from collectives.atomic import write_text_atomic
+            from collectives.plumbing.atomic import write_text_atomic
 
             write_text_atomic(args.json, json.dumps(result, indent=1) + "\n")
     return 0

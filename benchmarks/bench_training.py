@@ -25,7 +25,7 @@ time in the hook, and a bare thread round trip (the operating system's share).
 
 ``--model embedding``: ``DigitsEmbedding``, a communication-bound model with ≥ 10 M
 parameters and little compute. ``--mpi-progress=throttle``: MPICH sleeps in its waits
-instead of spinning (``collectives.exchange.QUIET_PROGRESS_ENV``, set before MPI starts).
+instead of spinning (``collectives.training.exchange.QUIET_PROGRESS_ENV``, set before MPI starts).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 if "--mpi-progress=throttle" in sys.argv:  # before MPI_Init: MPICH reads its CVARs there
-    from collectives.exchange import QUIET_PROGRESS_ENV
+    from collectives.training.exchange import QUIET_PROGRESS_ENV
 
     for _k, _v in QUIET_PROGRESS_ENV.items():
         os.environ.setdefault(_k, _v)
@@ -305,7 +305,7 @@ def _timeline(ddp: nn.Module, opt: Any, first: int, count: int, batch: int, data
     """``count`` steps with the exchange thread's ``JobTrace`` on: per step, the training
     thread's forward/backward/optimizer marks and its time waiting for a core, and the
     communication thread's jobs (hand-over, start, end, CPU, waiting for a core)."""
-    from collectives.exchange import _schedstat
+    from collectives.training.exchange import _schedstat
 
     xtr, ytr = data[0], data[1]
     exs = ex if isinstance(ex, list) else [ex]
@@ -499,10 +499,11 @@ def main() -> None:
                    "a list such as 1,2 measures one DDP model per count, side by side")
     p.add_argument("--trace", action="store_true",
                    help="overlap: after the timed rounds, print each bucket's timeline on "
-                   "the communication thread against backward (collectives.exchange.JobTrace)")
+                   "the communication thread against backward "
+                   "(collectives.training.exchange.JobTrace)")
     p.add_argument("--mpi-progress", choices=("spin", "throttle"), default="spin",
                    help="MPICH's waits: its default busy polling, or QUIET_PROGRESS_ENV "
-                   "(collectives/exchange.py: sleep after empty polls); give it as "
+                   "(collectives/training/exchange.py: sleep after empty polls); give it as "
                    "--mpi-progress=throttle (read before MPI starts)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)

@@ -800,7 +800,7 @@ def plot(name: str, data: dict[str, Any], path: Path) -> None:
 
 def render(out: Path) -> None:
     """The page and the plots under ``out`` from the data under ``out`` (else stored)."""
-    from collectives.atomic import write_text_atomic
+    from collectives.plumbing.atomic import write_text_atomic
 
     results = load_results(out)
     page = render_page((ROOT / PAGE).read_text(encoding="utf-8"), results)
@@ -850,7 +850,7 @@ def utc_now() -> str:
 
 
 def run(names: Sequence[str], quick: bool, out: Path) -> int:
-    from collectives.atomic import write_text_atomic
+    from collectives.plumbing.atomic import write_text_atomic
 
     work = out / "build" / "bench-report" if out == ROOT else out / "work"
     work.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""ringtune's runtime: a topology-aware allreduce for mpi4py jobs.
+"""ringtune's runtime: a topology-aware allreduce for jobs under MPI (mpi4py) and
+torch.distributed, with its own shared-memory path within a host.
 
     from collectives import Communicator
     comm = Communicator(MPI.COMM_WORLD)

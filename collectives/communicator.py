@@ -22,16 +22,16 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .abort import abort_world, name_abrupt_exits, on_error_mode, rank_line
 from .algorithms import Context, get_algorithm
 from .backend import Backend, check_buffer_dtype
 from .engines import Engine, engine_for
 from .errors import AgreementError, ProfileError, TopologyMismatchError, require_agreement
-from .logs import configure as configure_logging
-from .logs import log_level
 from .ops import check_op
 from .plan import Plan
 from .plan import plan_key as _plan_key
+from .plumbing.abort import abort_world, name_abrupt_exits, on_error_mode, rank_line
+from .plumbing.logs import configure as configure_logging
+from .plumbing.logs import log_level
 from .profile import Profile, builtin_profile, load_profile
 from .registry import backend_for, get_backend, make_transport
 from .tensors import as_buffer
@@ -70,7 +70,7 @@ class Communicator:
     per message size.
 
     ``comm``: an mpi4py communicator or a process group; ``None`` is ``MPI.COMM_WORLD``
-    (where no MPI library loads, ``collectives.mpilib.NoMpiError`` says what to install),
+    (where no MPI library loads, ``collectives.mpi.mpilib.NoMpiError`` says what to install),
     except under torchrun, where it is refused naming ``init_process_group``.
     ``profile``: a path or a loaded ``Profile``; ``None`` reads ``$RINGTUNE_PROFILE``, else
     the built-in heuristic. ``strict``: raise instead of warning when the profile was tuned
@@ -98,13 +98,13 @@ class Communicator:
         # alone would leave the others waiting in the first collective).
         check_environment(skip=FILE_VARIABLES)
         if comm is None:
-            from .launcher import under_torchrun
+            from .mpi.launcher import under_torchrun
 
             # Under torchrun ``None`` is most likely ``torch.distributed.group.WORLD`` read
             # before ``init_process_group``: the engine registry says so in one line. Else
             # it is MPI's world.
             if not under_torchrun():
-                from .mpilib import load_mpi
+                from .mpi.mpilib import load_mpi
 
                 comm = load_mpi().COMM_WORLD
         #: The distributed runtime behind ``comm`` (``mpi``, ``torch``: collectives.engines).
@@ -441,8 +441,9 @@ class Communicator:
     def allreduce_many(self, buffers: Sequence[Any], op: str = "sum",
                        bucket_bytes: int | None = None) -> list[Any]:
         """Allreduce many arrays or tensors in place, packed into fused buckets of
-        ``bucket_bytes`` (``None``: the profile's tuned size); see collectives/fusion.py."""
-        from .fusion import allreduce_many
+        ``bucket_bytes`` (``None``: the profile's tuned size); see
+        collectives/training/fusion.py."""
+        from .training.fusion import allreduce_many
 
         return allreduce_many(self, buffers, op, bucket_bytes)
 
@@ -584,7 +585,7 @@ class Communicator:
     def fail(self, exc: BaseException, plan: Plan, flat: Any) -> NoReturn:
         """This rank failed running or preparing ``plan`` on ``flat`` where its peers may
         be waiting for it: raise ``exc`` to the caller where ``raises_failures``, else end
-        every rank with a line naming this one (``collectives.abort``). Use it in the
+        every rank with a line naming this one (``collectives.plumbing.abort``). Use it in the
         ``except`` of any call that runs a plan outside ``allreduce``."""
         if self.raises_failures:
             raise exc
@@ -660,7 +661,7 @@ class Communicator:
     def close(self) -> None:
         """Free scratch buffers and transport resources (NCCL communicators); with online
         tuning, rank 0 first writes the tuned profile (``tune_out``)."""
-        from .exchange import close_exchanger
+        from .training.exchange import close_exchanger
 
         close_exchanger(self)  # after the communication thread's queued work
         if self.online is not None:

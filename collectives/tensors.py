@@ -25,7 +25,7 @@ def is_torch_tensor(buf: Any) -> bool:
 
 
 def _rank() -> str:
-    from .launcher import launcher_rank
+    from .mpi.launcher import launcher_rank
 
     return str(launcher_rank())
 

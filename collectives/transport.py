@@ -146,7 +146,7 @@ class _MpiPending(Pending):
 
 class _WatchedPending(_MpiPending):
     """``_MpiPending`` whose waits give up after ``RINGTUNE_STALL_TIMEOUT`` without progress
-    (collectives/stall.py); used only when that variable is set."""
+    (collectives/plumbing/stall.py); used only when that variable is set."""
 
     __slots__ = ("peers",)
 

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from collectives.launcher import under_torchrun
+from collectives.mpi.launcher import under_torchrun
 
 
 def init_gloo(comm: Any, backend: str = "gloo") -> None:
@@ -253,7 +253,7 @@ def write_workload(args: argparse.Namespace, path: str) -> None:
     measured compute time of one step on this process (forward and backward, no exchange)."""
     import yaml
 
-    from collectives.atomic import write_text_atomic
+    from collectives.plumbing.atomic import write_text_atomic
 
     model = make_model(args.hidden, args.layers)
     xtr, ytr = digits()[:2]
@@ -334,7 +334,7 @@ def main() -> None:
               f"loss {result['final_loss']:.4f}, test accuracy {result['test_accuracy']:.3f}, "
               f"median step {result['median_step_ms']:.2f} ms")
         if args.json:
-            from collectives.atomic import write_text_atomic
+            from collectives.plumbing.atomic import write_text_atomic
 
             write_text_atomic(args.json, json.dumps(result, indent=1))
     dist.destroy_process_group()

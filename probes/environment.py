@@ -6,8 +6,8 @@ Use ``check_environment()`` at the start of anything that acts: every CLI verb
 search or message, so a typo (``RINGTUNE_TIMING_CHECK=bogus``) is one line naming the
 variable, its value and what it accepts — not a tune thrown away at its end because the
 value was read only then. The modules that use a variable still parse it where they use it
-(``collectives.online``, ``collectives.stall``, …); this table is what they accept, checked
-early, and the source of docs/environment.md's rows for them (``python -m
+(``collectives.online``, ``collectives.plumbing.stall``, …); this table is what they accept,
+checked early, and the source of docs/environment.md's rows for them (``python -m
 probes.environment`` prints them, ``--write`` puts them in the page (``make docs``);
 ``tests/unit/test_environment.py`` holds the page, the
 code and the modules' own parsers to the table).

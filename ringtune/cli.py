@@ -240,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     one_line_warnings()
     try:
         if os.environ.get("RINGTUNE_LOG"):
-            from collectives.logs import log_level
+            from collectives.plumbing.logs import log_level
 
             log_level()  # an unknown level: one line and exit 2, before anything runs
         from probes.environment import check_environment
@@ -280,7 +280,7 @@ USAGE_EXIT_GRACE_S = 5.0
 
 
 def _let_rank_0_speak() -> None:
-    from collectives.launcher import job_world_size
+    from collectives.mpi.launcher import job_world_size
 
     found = job_world_size()
     if found is not None and found[0] > 1:
@@ -300,7 +300,7 @@ def _in_mpi_world() -> bool:
 
 def _abort_world(code: int, exc: BaseException | None = None) -> None:
     """A runtime failure may strike one rank while the others wait in a collective: end
-    them all (as ``python -m mpi4py`` would; ``collectives.abort``). Rank 0 has printed
+    them all (as ``python -m mpi4py`` would; ``collectives.plumbing.abort``). Rank 0 has printed
     the error; another rank prints its own, naming itself, unless it is a
     ``CommandFailed`` (raised alike on every rank, e.g. by the tuner's lockstep). Bad
     input (exit 2) is detected on every rank before any communication, so those ranks
@@ -308,7 +308,7 @@ def _abort_world(code: int, exc: BaseException | None = None) -> None:
     if _in_mpi_world():
         from mpi4py import MPI
 
-        from collectives.abort import abort_world, rank_line
+        from collectives.plumbing.abort import abort_world, rank_line
 
         world = MPI.COMM_WORLD
         line = None

@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return 0
     if current != text:
-        from collectives.atomic import write_text_atomic
+        from collectives.plumbing.atomic import write_text_atomic
 
         write_text_atomic(path, text)
         print(f"wrote {path}")

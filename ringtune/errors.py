@@ -30,8 +30,8 @@ def report_error(exc: BaseException | str, rank: int = 0, *,
     """Print ``ringtune: error: …`` once (rank 0 only) and return the exit code.
     ``RINGTUNE_LOG=debug`` adds the traceback. ``before_abort``: MPI_Abort ends the job
     next unless the code is 2 (``ringtune.cli``), so the line goes straight to the
-    launcher's stderr (``collectives.abort.say_past_the_launcher``): MPICH's Hydra may drop
-    what a rank printed just before an abort."""
+    launcher's stderr (``collectives.plumbing.abort.say_past_the_launcher``): MPICH's Hydra
+    may drop what a rank printed just before an abort."""
     code = 1 if isinstance(exc, str) else exit_code_for(exc)
     if rank == 0:
         text = exc if isinstance(exc, str) else (str(exc) or type(exc).__name__)
@@ -39,7 +39,7 @@ def report_error(exc: BaseException | str, rank: int = 0, *,
             text = f"{type(exc).__name__}: {text}"
         text = " ".join(str(text).split("\n"))
         if before_abort and code != 2:
-            from collectives.abort import say_past_the_launcher
+            from collectives.plumbing.abort import say_past_the_launcher
 
             say_past_the_launcher(f"ringtune: error: {text}")
         else:

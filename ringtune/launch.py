@@ -28,8 +28,13 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
-from collectives.launcher import MPI_RANK_VARS, launcher_rank, launcher_size, under_mpi_launcher
-from collectives.mpilib import NO_MPI, family, launcher_fits
+from collectives.mpi.launcher import (
+    MPI_RANK_VARS,
+    launcher_rank,
+    launcher_size,
+    under_mpi_launcher,
+)
+from collectives.mpi.mpilib import NO_MPI, family, launcher_fits
 
 from .errors import CommandFailed, UsageError
 from .relay import OutputRelay
@@ -364,7 +369,7 @@ def relaunch(argv: Sequence[str], ranks: int | None = None,
                 if signal.getsignal(s) is not signal.SIG_IGN}
     # Its stdout passes through a relay, which drops Hydra's "BAD TERMINATION" banner about
     # a stop made here (ringtune/relay.py); stderr is the user's, as the ranks' last words
-    # go straight to it (collectives.abort.say_past_the_launcher).
+    # go straight to it (collectives.plumbing.abort.say_past_the_launcher).
     read_end, write_end = os.pipe()
     try:
         relay = OutputRelay(read_end)

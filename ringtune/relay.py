@@ -11,7 +11,7 @@ passes through here: everything is copied as it comes, and once ``stopping()`` w
 the lines of that banner are dropped. A banner of a job that ended on its own (a rank
 crashed) is kept: it is then news. Open MPI says the same on its standard error, which is
 not relayed (ranks write their last words there, past the launcher:
-``collectives.abort.say_past_the_launcher``), so its notice stays.
+``collectives.plumbing.abort.say_past_the_launcher``), so its notice stays.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ what ``path`` is, never replacing what is not ours:
 
 Nothing ever replaces a device node or a symlink. It lives in ``probes`` (the bottom
 layer) because the environment table checks ``RINGTUNE_TUNE_OUT`` with it; the runtime's
-``collectives.atomic`` is this module under its old names.
+``collectives.plumbing.atomic`` is this module under its old names.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ The class is also the single source of truth about the algorithm outside the hot
 ``check_params`` (validation), ``search_space`` (what the tuner tries), ``cost`` and
 ``model_space`` (its time in ``autotune.model``'s α–β cost model, and the configurations
 the model ranks), ``params_schema`` (its fragment of the profile's JSON Schema, built by
-``collectives.schema``) and, for algorithms that can run along one dimension of a
+``collectives.profile.schema``) and, for algorithms that can run along one dimension of a
 ``hierarchical`` grid, ``grid_phase`` and ``grid_cost``. Every one has a working default,
 so a new algorithm is one module: an algorithm that overrides nothing but ``run`` is
 searched without parameters, modelled as one flat ring, and accepted in profiles with no
@@ -157,7 +157,7 @@ class Algorithm(ABC):
     @classmethod
     def params_schema(cls) -> dict[str, Any]:
         """JSON Schema of a profile rule's ``params`` for this algorithm (an object schema;
-        ``collectives.schema`` adds the ``transport`` key every rule's params may carry).
+        ``collectives.profile.schema`` adds the ``transport`` key every rule's params may carry).
         The default accepts exactly ``param_names``, any value each: ``check_params`` still
         judges the values when the profile loads. Override to let editors and other tools
         see the values' shapes too; keep it no stricter than ``check_params``."""

@@ -60,7 +60,7 @@ def interleave(schedules: Sequence[Steps]) -> None:
     schedules' order."""
     from mpi4py import MPI
 
-    from ..stall import stall_timeout
+    from ..plumbing.stall import stall_timeout
 
     testany = MPI.Request.Testany
     sched_yield = os.sched_yield

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..launcher import local_size
+from ..mpi.launcher import local_size
 from .binding import bind_device, current_binding, shared_gpus
 from .detect import cuda_aware_mpi, cupy_status, nccl_status
 

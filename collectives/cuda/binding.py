@@ -21,7 +21,7 @@ from typing import Any
 
 from probes.sysfs import normalize_bus_id as parse_bus_id
 
-from ..launcher import local_rank, local_size
+from ..mpi.launcher import local_rank, local_size
 from .detect import visible_devices_text, world_rank
 from .errors import GpuError
 

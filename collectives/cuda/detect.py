@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from ..launcher import launcher_rank
+from ..mpi.launcher import launcher_rank
 
 ENV_CUDA_AWARE = "RINGTUNE_CUDA_AWARE"
 

@@ -33,7 +33,7 @@ class Engine(ABC):
     #: engine claims any mpi4py-like object, so it comes last.
     claim_order: ClassVar[int] = 100
     #: Whether its communicators have MPI thread levels that the exchange thread must
-    #: check (``collectives.exchange.check_thread_level``).
+    #: check (``collectives.training.exchange.check_thread_level``).
     thread_levels: ClassVar[bool] = False
 
     # -- what the CLI asks (``ringtune/engine.py``: ``--engine``, tune, bench, probe) ------

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..launcher import check_mpi_world, under_mpi_launcher
+from ..mpi.launcher import check_mpi_world, under_mpi_launcher
 from ..transport import mpi_op
 from .base import Engine
 from .registry import engine_names, get_engine, register_engine
@@ -42,7 +42,7 @@ class MpiEngine(Engine):
         """``MPI.COMM_WORLD``: ``NoMpiError`` (an ``ImportError``) naming what to install
         when no MPI library loads, ``WorldMismatchError`` when the launcher started another
         world than MPI's (a launcher of another library)."""
-        from ..mpilib import load_mpi
+        from ..mpi.mpilib import load_mpi
 
         MPI = load_mpi()
         check_mpi_world(MPI.COMM_WORLD.Get_size())
@@ -52,7 +52,7 @@ class MpiEngine(Engine):
         return f"re-tune here with `ringtune tune -np {size}`"
 
     def library(self, gpu: bool = False) -> dict[str, str] | None:
-        from ..mpit import nccl_version
+        from ..mpi.mpit import nccl_version
         from ..natives import library
 
         name, version = library()

@@ -57,8 +57,8 @@ MOVERS: dict[str, str] = {"cpu": "gloo", "cuda": "nccl"}
 #: Seconds a sub-group's rendezvous and operations may take (torch's own default for gloo:
 #: 30 min) unless ``TorchComm(timeout=...)`` says otherwise.
 DEFAULT_TIMEOUT_S = 1800.0
-#: ``os._exit`` as it was at import, before ``collectives.abort.name_abrupt_exits`` wraps it
-#: with a line meant for exits ringtune did not choose.
+#: ``os._exit`` as it was at import, before ``collectives.plumbing.abort.name_abrupt_exits``
+#: wraps it with a line meant for exits ringtune did not choose.
 _REAL_EXIT = os._exit
 #: Reduction op names to ``dist.ReduceOp`` attribute names (``avg`` reduces with SUM, then
 #: the communicator divides).
@@ -125,7 +125,7 @@ def _world_size() -> int:
 
 def _rank_hint() -> str:
     """This process's rank for a message written before a group is known."""
-    from ..launcher import launcher_rank
+    from ..mpi.launcher import launcher_rank
 
     return str(launcher_rank())
 
@@ -476,7 +476,7 @@ class TorchEngine(Engine):
                 "buffers)")
 
     def detect(self) -> bool:
-        from ..launcher import under_torchrun
+        from ..mpi.launcher import under_torchrun
 
         return under_torchrun()
 

@@ -5,7 +5,7 @@ Use ``current()`` to get the module of the library mpi4py loaded (``mpich``, ``o
 run their default allreduce only, said once); ``for_name`` for the library a profile
 recorded; ``for_cost_model`` for the library a cost model's cluster names
 (``Cluster.native_model``); ``libraries()`` for every one (the schema's compositions,
-``collectives.mpit.library``'s names, the export formats). Each library's module registers
+``collectives.mpi.mpit.library``'s names, the export formats). Each library's module registers
 itself with ``@register``; ``native.py``, the cost model, the calibration, the schema, the
 tuner and ``ringtune export`` ask it instead of naming a library. Adding a library is one
 module here (and one import in ``__init__``), or a plug-in module outside the tree
@@ -289,9 +289,9 @@ def library() -> tuple[str, str]:
 
 
 def binding() -> tuple[Any, str]:
-    """``collectives.mpit.bound()`` with the running library's scope numbering set: the
+    """``collectives.mpi.mpit.bound()`` with the running library's scope numbering set: the
     bound MPI_T, or (None, why not)."""
-    from ..mpit import bound
+    from ..mpi.mpit import bound
 
     mpit, why = bound()
     if mpit is not None:
@@ -309,7 +309,7 @@ def warn_other_library(profile: Any) -> str:
     if not isinstance(lib, dict):
         return ""
     name, version = library()
-    from ..mpit import nccl_version
+    from ..mpi.mpit import nccl_version
 
     nccl = nccl_version() if lib.get("nccl") and "cupy" in sys.modules else None
     if (lib.get("name"), lib.get("version")) == (name, version) and (

@@ -1,6 +1,6 @@
 """MPICH: its allreduce algorithms (``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM``) and
 compositions (``MPIR_CVAR_ALLREDUCE_COMPOSITION``), both set around each call through MPI_T
-(``collectives.mpit``: MPICH reads them on every call, so no new communicator is needed),
+(``collectives.mpi.mpit``: MPICH reads them on every call, so no new communicator is needed),
 and the cost model of its own selection and of each algorithm. Its own tuning file is the
 collective-selection JSON (``ringtune export --format mpich``).
 
@@ -95,7 +95,7 @@ class Mpich(NativeLibrary):
     def check_composition(self, name: str) -> None:
         super().check_composition(name)
         if name != DEFAULT and not unavailable_reason():
-            from ..mpit import MpitError
+            from ..mpi.mpit import MpitError
 
             try:
                 composition_value(name)  # ValueError naming this MPICH's compositions
@@ -103,7 +103,7 @@ class Mpich(NativeLibrary):
                 pass  # no such variable here: runs the default, warned at run time
 
     def compositions_searchable(self) -> bool:
-        from ..mpit import MpitError
+        from ..mpi.mpit import MpitError
 
         if unavailable_reason():
             return False
@@ -113,7 +113,7 @@ class Mpich(NativeLibrary):
             return False
 
     def composition_selector(self, name: str) -> tuple[Any, str]:
-        from ..mpit import MpitError
+        from ..mpi.mpit import MpitError
 
         why = unavailable_reason()
         if why:
@@ -253,7 +253,7 @@ def unavailable_reason() -> str:
     mpit, why = _mpit()
     if mpit is None:
         return why
-    from ..mpit import MpitError
+    from ..mpi.mpit import MpitError
 
     try:
         _table()
@@ -269,7 +269,7 @@ def _table() -> dict[str, int]:
     MPICH's generated cvar code numbers an enum cvar's choices in the order of its
     description (``auto`` first, value 0), one ``name - text`` line each; the test suite
     checks the numbering against the value MPICH itself reads from the environment."""
-    from ..mpit import MpitError
+    from ..mpi.mpit import MpitError
 
     mpit, why = _mpit()
     if mpit is None:
@@ -313,16 +313,16 @@ def current_algorithm() -> str:
 def _require() -> Any:
     mpit, why = _mpit()
     if mpit is None:
-        from ..mpit import MpitError
+        from ..mpi.mpit import MpitError
 
         raise MpitError(why)
     return mpit
 
 
 def Selector(name: str, cvar: str = ALGORITHM_CVAR, value: int | None = None) -> Any:
-    """``collectives.mpit.Selector`` of MPICH algorithm ``name`` (or of ``value`` for another
+    """``collectives.mpi.mpit.Selector`` of MPICH algorithm ``name`` (or of ``value`` for another
     integer control variable ``cvar``): sets it around one call."""
-    from ..mpit import Selector as CvarSelector
+    from ..mpi.mpit import Selector as CvarSelector
 
     return CvarSelector(name, cvar, choice_value(name) if value is None else value,
                         _require())
@@ -363,7 +363,7 @@ def compositions() -> dict[str, int]:
     """The compositions this MPICH offers (``COMPOSITIONS``, checked against the installed
     library's description of the variable, which numbers them the same way);
     ``MpitError`` where MPI_T, the variable or a value is missing or not writable."""
-    from ..mpit import MpitError
+    from ..mpi.mpit import MpitError
 
     desc, scope, writable, _ = _require().info(COMPOSITION_CVAR)
     if not writable:
@@ -391,7 +391,7 @@ def composition_value(name: str) -> int:
 
 def read_cvar(name: str) -> int | str:
     """The current value of an MPICH control variable (int or string), for the export."""
-    from ..mpit import read_cvar as read
+    from ..mpi.mpit import read_cvar as read
 
     return read(_require(), name)
 

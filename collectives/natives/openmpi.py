@@ -223,7 +223,7 @@ class OpenMpi(NativeLibrary):
 @functools.lru_cache(maxsize=1)
 def han_available() -> bool:
     """Whether the running Open MPI loads coll/han (its priority variable exists)."""
-    from ..mpit import MpitError
+    from ..mpi.mpit import MpitError
     from .base import binding
 
     mpit, _ = binding()
@@ -238,7 +238,7 @@ def han_available() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _table() -> dict[str, int]:
-    from ..mpit import MpitError
+    from ..mpi.mpit import MpitError
     from .base import binding
 
     mpit, why = binding()

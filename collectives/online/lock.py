@@ -29,7 +29,7 @@ class TuneOutLock:
 
     def acquire(self) -> None:
         """``ValueError`` naming the file and the holder when another job holds it."""
-        from ..lockfile import LockBusy, take
+        from ..plumbing.lockfile import LockBusy, take
 
         if self._through:
             return
@@ -47,7 +47,7 @@ class TuneOutLock:
     def release(self) -> None:
         if self._fd is None:
             return
-        from ..lockfile import release
+        from ..plumbing.lockfile import release
 
         release(self.path, self._fd)
         self._fd = None

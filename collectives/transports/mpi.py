@@ -53,10 +53,10 @@ class MpiTransport(Transport):
         self._isend = comm.Isend
         self._irecv = comm.Irecv
         self._waitall = MPI.Request.Waitall
-        from ..stall import stall_timeout, watched_waitall
+        from ..plumbing.stall import stall_timeout, watched_waitall
 
         timeout = stall_timeout()
-        # RINGTUNE_STALL_TIMEOUT: waits that give up after a stall (collectives/stall.py);
+        # RINGTUNE_STALL_TIMEOUT: waits that give up after a stall (collectives/plumbing/stall.py);
         # unset, the plain Waitall path below is unchanged.
         self._watched = watched_waitall(timeout, comm) if timeout else None
 

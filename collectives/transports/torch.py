@@ -32,8 +32,8 @@ from typing import Any
 from ..backend import Backend
 from ..engines.torch import MOVERS, REDUCE_OPS, TorchComm, worker_safe
 from ..errors import RingtuneError
-from ..stall import ENV as STALL_ENV
-from ..stall import StallError, stall_timeout
+from ..plumbing.stall import ENV as STALL_ENV
+from ..plumbing.stall import StallError, stall_timeout
 from ..transport import Pending, Transport
 
 

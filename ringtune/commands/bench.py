@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
             if to_stdout_json:
                 print(text)
             else:
-                from collectives.atomic import write_text_atomic
+                from collectives.plumbing.atomic import write_text_atomic
 
                 write_text_atomic(args.json, text + "\n")
         if not to_stdout_json:

@@ -75,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from collectives.launcher import under_torchrun
+    from collectives.mpi.launcher import under_torchrun
     from ringtune.emulate import netns, runner
     from ringtune.emulate.spec import HOSTNAME_PREFIX, load_emulated
     from ringtune.errors import UsageError
@@ -149,7 +149,7 @@ def _wait_seconds(flag: float | None) -> float:
         if not 0 <= flag < float("inf"):
             raise UsageError(f"emulate --wait {flag:g}: expected seconds >= 0")
         return flag
-    from collectives.stall import env_seconds
+    from collectives.plumbing.stall import env_seconds
 
     try:
         return env_seconds(WAIT_ENV, "how long `ringtune emulate` waits for another one "

@@ -38,9 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import importlib
 
-    from collectives.atomic import write_text_atomic
+    from collectives.plumbing.atomic import write_text_atomic
     from collectives.profile import check_writable, load_profile
-    from collectives.shapes import tuned_sizes
+    from collectives.profile.shapes import tuned_sizes
     from ringtune.errors import UsageError
     from ringtune.export import FORMATS, format_of, plan
 

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _probe(args: argparse.Namespace, comm: Any) -> int:
     import probes
-    from collectives.atomic import write_text_atomic
+    from collectives.plumbing.atomic import write_text_atomic
 
     topo = probes.detect(comm, measure=args.measure, topology_file=args.topology,
                          message_bytes=args.measure_bytes, repetitions=args.repetitions)

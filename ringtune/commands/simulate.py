@@ -236,7 +236,7 @@ def figure(result: dict[str, Any]) -> Any:
 def _plot(result: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
-    from collectives.atomic import atomic_path
+    from collectives.plumbing.atomic import atomic_path
 
     fig = figure(result)
     try:
@@ -249,8 +249,8 @@ def _plot(result: dict[str, Any], path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from autotune.cluster import load_cluster, load_workload
     from autotune.model import model_algorithms
-    from collectives.atomic import write_text_atomic
     from collectives.bench import parse_size, size_list
+    from collectives.plumbing.atomic import write_text_atomic
     from ringtune.errors import UsageError
 
     cluster = load_cluster(args.cluster)

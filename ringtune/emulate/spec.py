@@ -19,7 +19,7 @@ An optional ``emulate:`` mapping adds what only emulation needs:
   counts whole frames, and each 1448-byte segment at MTU 1500 carries 66 bytes of headers
   (a ceiling of 95.6% of the rate), each 8948-byte one at 9000 the same 66 (99.3%);
 - ``progress``: how MPICH's ranks wait: ``spin`` (the default: MPICH's busy polling, as on
-  a cluster) or ``throttle`` (``collectives.exchange.QUIET_PROGRESS_ENV``: back off and
+  a cluster) or ``throttle`` (``collectives.training.exchange.QUIET_PROGRESS_ENV``: back off and
   yield the core after empty polls; variables already set in the environment win). On a
   real cluster each host has its own cores and a NIC that moves the bytes; here every
   emulated host's ranks *and* the kernel's TCP, veth and tbf work share this machine's
@@ -118,7 +118,7 @@ class EmulatedCluster:
         """The MPICH variables ``progress`` adds to ``environ`` (those it already has win)."""
         if not self.throttled:
             return {}
-        from collectives.exchange import QUIET_PROGRESS_ENV
+        from collectives.training.exchange import QUIET_PROGRESS_ENV
 
         return {k: v for k, v in QUIET_PROGRESS_ENV.items() if k not in environ}
 

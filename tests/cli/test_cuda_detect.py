@@ -33,7 +33,7 @@ def test_hydra_sets_the_local_rank_variables(tmp_path: Path) -> None:
         pytest.skip("no mpiexec next to the interpreter")
     # Each rank writes its own file: the launcher merges the ranks' stdout streams in
     # arbitrary pieces, so printed records can interleave mid-line.
-    code = ("import os; from collectives.launcher import local_rank, local_size; "
+    code = ("import os; from collectives.mpi.launcher import local_rank, local_size; "
             f"r = local_rank(); p = os.path.join({str(tmp_path)!r}, os.environ['PMI_RANK']); "
             "open(p, 'w').write(f'{r[0]} {r[1]} {local_size()}')")
     out = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", code],

@@ -98,7 +98,7 @@ def test_mtu_defaults_to_ethernet_and_takes_jumbo_frames(tmp_path: Path) -> None
 
 
 def test_progress_spins_unless_throttle_is_asked_for(tmp_path: Path) -> None:
-    from collectives.exchange import QUIET_PROGRESS_ENV
+    from collectives.training.exchange import QUIET_PROGRESS_ENV
 
     text = BASE.format(ranks=4, per=2, hosts=2, bw=0.125, lpr=0.5)
     default = load_emulated(_file(tmp_path, text), cores=2)

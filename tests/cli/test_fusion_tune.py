@@ -26,7 +26,7 @@ def test_torch_api_without_torch() -> None:
 
 
 def test_import_collectives_stays_light() -> None:
-    code = ("import sys, collectives, collectives.fusion, collectives.exchange, "
+    code = ("import sys, collectives, collectives.training.fusion, collectives.training.exchange, "
             "collectives.tensors; print(sorted(m for m in ('torch', 'cupy', 'optuna') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,8 +1,8 @@
 """A user job (``mpiexec -n 2 python job.py``, the plain form, no ``-m mpi4py``) in which one
 rank fails must end, never hang: a failure inside ``Communicator.allreduce`` ends every
-rank with a line naming the failing rank (``collectives.abort``), or reaches the caller with
-``RINGTUNE_ON_ERROR=raise``; a rank that dies outright ends the job through the launcher.
-Each job runs under a timeout: a hang fails the test instead of stalling the suite.
+rank with a line naming the failing rank (``collectives.plumbing.abort``), or reaches the
+caller with ``RINGTUNE_ON_ERROR=raise``; a rank that dies outright ends the job through the
+launcher. Each job runs under a timeout: a hang fails the test instead of stalling the suite.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_a_rank_that_dies_ends_the_job(tmp_path: Path, mode: str, code: int | No
     """``os._exit`` or SIGKILL on rank 1 while rank 0 waits inside allreduce: Hydra ends
     the job (with the rank's exit status). Hydra's own report names a rank it killed
     afterwards, so for ``os._exit`` ringtune writes the line naming rank 1 first
-    (``collectives.abort.name_abrupt_exits``); a SIGKILL leaves nothing to run in it."""
+    (``collectives.plumbing.abort.name_abrupt_exits``); a SIGKILL leaves nothing to run in it."""
     res = _job(tmp_path, mode, "multiring")
     assert res.returncode != 0 and "finished" not in res.stdout
     if code is not None:
@@ -169,7 +169,7 @@ def test_an_uncaught_exception_outside_ringtune_ends_the_job_under_m_mpi4py(
 
 
 def test_on_error_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    from collectives.abort import on_error_mode
+    from collectives.plumbing.abort import on_error_mode
 
     monkeypatch.delenv("RINGTUNE_ON_ERROR", raising=False)
     assert on_error_mode() == "abort"

@@ -1,5 +1,5 @@
 """Which MPI a launcher or a library is, and what ringtune's self-launch passes to each
-(``ringtune.launch``, ``collectives.mpilib``): pure functions, no MPI started."""
+(``ringtune.launch``, ``collectives.mpi.mpilib``): pure functions, no MPI started."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from collectives import mpilib
+from collectives.mpi import mpilib
 from ringtune import launch
 from ringtune.errors import UsageError
 
@@ -62,7 +62,7 @@ def test_open_mpi_gets_oversubscribe_above_the_cores_and_the_root_variables(
 
 def test_no_mpi_library_is_one_line_naming_the_extras() -> None:
     code = ("import os; os.environ['MPI4PY_LIBMPI'] = '/nonexistent/libmpi.so'\n"
-            "from collectives.mpilib import load_mpi, NoMpiError\n"
+            "from collectives.mpi.mpilib import load_mpi, NoMpiError\n"
             "try:\n    load_mpi()\nexcept NoMpiError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)

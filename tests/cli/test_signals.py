@@ -132,7 +132,7 @@ def _wait_for(cond: Any, proc: subprocess.Popen[bytes], what: str, limit: float 
 
 
 def _temporaries(folder: Path) -> list[str]:
-    """Temporary files of atomic writes (``collectives.atomic``: ``.NAME.XXXX.tmp.EXT``).
+    """Temporary files of atomic writes (``collectives.plumbing.atomic``: ``.NAME.XXXX.tmp.EXT``).
     Not counted: SQLite's own journal (its crash recovery) and the storage lock file, which
     a killed run leaves unlocked (the next run takes it; a run that ends removes it)."""
     return [f.name for f in folder.iterdir() if ".tmp" in f.name]

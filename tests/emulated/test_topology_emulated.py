@@ -106,7 +106,7 @@ def test_progress_setting_reaches_every_rank(tmp_path: Path) -> None:
     none."""
     import yaml
 
-    from collectives.exchange import QUIET_PROGRESS_ENV
+    from collectives.training.exchange import QUIET_PROGRESS_ENV
 
     data = yaml.safe_load((CLUSTERS / "emulated-3x1.yaml").read_text())
     show = ["sh", "-c", 'echo "env $PMI_RANK ${MPIR_CVAR_CH4_PROGRESS_THROTTLE:-unset} '

@@ -82,7 +82,7 @@ def ddp(steps: int) -> None:
     ddp_ref, _ = wrap(ref, "none", bucket_cap_mb=0.004, process_group=gloo)
     fails, worst = track(ours, ddp_ours, ref, ddp_ref, steps, rank, size, world.allgather,
                          "DDP over ringtune")
-    from collectives.torch_backend import RingtuneBackendMixin
+    from collectives.torch.backend import RingtuneBackendMixin
 
     ring = dist.group.WORLD._get_backend(torch.device("cpu"))
     if not isinstance(ring, RingtuneBackendMixin):

@@ -40,7 +40,7 @@ def test_binding_follows_local_rank_and_names_the_bus(backend: Any) -> None:
 
     from collectives.cuda import current_binding
     from collectives.cuda.binding import normalize_bus_id
-    from collectives.launcher import local_rank
+    from collectives.mpi.launcher import local_rank
 
     b = current_binding()
     assert b is not None and b.device == backend.device

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from collectives import Communicator
-from collectives.fusion import DEFAULT_BUCKET_BYTES, resolve_bucket_bytes
 from collectives.profile import builtin_profile, profile_from_dict
+from collectives.training.fusion import DEFAULT_BUCKET_BYTES, resolve_bucket_bytes
 
 from .conftest import WORLD, agree
 

@@ -90,7 +90,7 @@ def test_selected_algorithm_really_runs(comm) -> None:
 def test_restriction_error_proves_the_choice(comm, monkeypatch) -> None:
     from mpi4py import MPI
 
-    # The MPI error must reach this test, not end the job (collectives.abort).
+    # The MPI error must reach this test, not end the job (collectives.plumbing.abort).
     monkeypatch.setenv("RINGTUNE_ON_ERROR", "raise")
 
     # Across hosts every rank must run the algorithm (not only the hosts' leaders, which

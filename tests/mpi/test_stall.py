@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
+from collectives.plumbing.stall import ENV, StallError, stall_timeout
 from collectives.registry import backend_for
-from collectives.stall import ENV, StallError, stall_timeout
 from collectives.transports.mpi import MpiTransport
 
 from .conftest import WORLD, agree

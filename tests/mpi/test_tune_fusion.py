@@ -12,8 +12,8 @@ import numpy as np
 from autotune.fusion import candidates
 from autotune.tuning import TuneOptions, tune
 from collectives import Communicator
-from collectives.fusion import resolve_bucket_bytes
 from collectives.profile import load_profile
+from collectives.training.fusion import resolve_bucket_bytes
 
 from .conftest import WORLD, agree
 

@@ -245,8 +245,8 @@ def test_channels_match_ddp_allreduce_each_step(comm) -> None:
 
 
 def test_channels_need_thread_multiple(comm, monkeypatch) -> None:
-    from collectives import exchange
     from collectives.torch import HookState
+    from collectives.training import exchange
 
     # SERIALIZED provided: one channel is fine, two threads in MPI at once are not.
     monkeypatch.setattr(exchange, "thread_level",

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from collectives import exchange
-from collectives.exchange import ExchangeError, Exchanger
+from collectives.training import exchange
+from collectives.training.exchange import ExchangeError, Exchanger
 
 from .conftest import WORLD, agree
 
@@ -26,8 +26,8 @@ def _mine(shape, dtype, seed=0):
 
 
 def test_import_collectives_does_not_import_torch() -> None:
-    code = ("import sys, collectives, collectives.tensors, collectives.fusion, "
-            "collectives.exchange; print('torch' in sys.modules)")
+    code = ("import sys, collectives, collectives.tensors, collectives.training.fusion, "
+            "collectives.training.exchange; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     agree([] if out.stdout.strip() == "False" else [f"torch imported: {out!r}"])

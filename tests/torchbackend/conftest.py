@@ -66,7 +66,7 @@ def ringtune_of(group: Any = None) -> Any:
     import torch
     import torch.distributed as dist
 
-    from collectives.torch_backend import RingtuneBackendMixin
+    from collectives.torch.backend import RingtuneBackendMixin
 
     group = dist.group.WORLD if group is None else group
     if isinstance(group, RingtuneBackendMixin):

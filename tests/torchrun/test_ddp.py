@@ -70,7 +70,7 @@ def test_hook_over_the_world_group_tracks_ddp_over_gloo(comm: Any, channels: int
 def test_allreduce_many_equals_allreduce(comm: Any) -> None:
     # Small integers as floats: exact partial sums, so a fused bucket (whose ring starts
     # each element's sum at another rank than a per-buffer call's) gives the same bits
-    # (collectives/fusion.py, "Exactness").
+    # (collectives/training/fusion.py, "Exactness").
     rng = np.random.default_rng(RANK)
     shapes = [(7,), (300, 3), (1,), (4096,), (0,), (33, 33)]
     bufs = [torch.from_numpy(rng.integers(-50, 50, s).astype(np.float32)) for s in shapes]

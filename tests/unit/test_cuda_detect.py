@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from collectives import launcher as L
 from collectives.cuda import binding as B
 from collectives.cuda import detect as D
+from collectives.mpi import launcher as L
 
 
 @pytest.mark.parametrize("value,expected", [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from collectives.stall import env_seconds
+from collectives.plumbing.stall import env_seconds
 from ringtune.commands.emulate import WAIT_ENV, _wait_seconds
 from ringtune.errors import UsageError
 

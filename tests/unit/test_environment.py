@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from collectives.abort import ON_ERROR_MODES
 from collectives.cuda.detect import parse_cuda_aware_env
-from collectives.logs import LOG_LEVELS
 from collectives.online import resolve_mode, resolve_options
+from collectives.plumbing.abort import ON_ERROR_MODES
+from collectives.plumbing.logs import LOG_LEVELS
 from probes.environment import (
     BEGIN,
     END,

@@ -51,9 +51,9 @@ def _nothing_launches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterat
     monkeypatch.setattr(launch.subprocess, "Popen", refuse)
     monkeypatch.setattr(launch.subprocess, "run", refuse)
     monkeypatch.setattr(launch, "relaunch", refuse)
-    import collectives.mpilib
+    import collectives.mpi.mpilib
 
-    monkeypatch.setattr(collectives.mpilib, "load_mpi", refuse)
+    monkeypatch.setattr(collectives.mpi.mpilib, "load_mpi", refuse)
     for var in [v.name for v in VARIABLES] + ["PMI_RANK", "PMI_SIZE", "PMI_FD", "RANK",
                                               "WORLD_SIZE", "OMPI_COMM_WORLD_RANK"]:
         monkeypatch.delenv(var, raising=False)

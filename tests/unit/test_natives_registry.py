@@ -135,7 +135,7 @@ def test_the_model_times_it_with_its_own_costs(zeta: type[ZetaMpi]) -> None:
 def test_the_schema_and_the_loader_know_its_compositions(zeta: type[ZetaMpi],
                                                          tmp_path: Any) -> None:
     from collectives.profile import load_profile
-    from collectives.schema import profile_schema
+    from collectives.profile.schema import profile_schema
 
     text = json.dumps(profile_schema())
     assert '"zflat"' in text and '"zhier"' in text and "Zeta MPI" in text

@@ -50,7 +50,7 @@ def _cluster(n: int) -> Cluster:
 
 
 def test_registry_is_clean_after_a_test_registered_an_algorithm() -> None:
-    from collectives.schema import schema_text
+    from collectives.profile.schema import schema_text
 
     assert [n for n in algorithm_names() if n != "sleep"] == BUILTIN
     with registered(Toy):
@@ -129,7 +129,7 @@ def test_a_profile_naming_it_loads_and_bad_params_are_refused(toy: type[Toy]) ->
 
 
 def test_it_is_in_the_generated_schema(toy: type[Toy]) -> None:
-    from collectives.schema import profile_schema
+    from collectives.profile.schema import profile_schema
 
     schema = profile_schema()
     assert "toy" in schema["$defs"]["rule"]["properties"]["algorithm"]["enum"]

@@ -1,5 +1,5 @@
-"""The one output writer (safefiles/outfile.py, collectives/atomic.py): what each kind of path
-becomes, and that nothing replaces a device node or a symlink (issue 35).
+"""The one output writer (safefiles/outfile.py, collectives/plumbing/atomic.py): what each
+kind of path becomes, and that nothing replaces a device node or a symlink (issue 35).
 
 Each case uses a private path under ``tmp_path``: a device node is made with ``mknod``
 (``c 1 3``, the null device's numbers; root only, else skipped with the reason), never the
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import safefiles.outfile as outfile
-from collectives.atomic import atomic_path, write_text_atomic
+from collectives.plumbing.atomic import atomic_path, write_text_atomic
 from safefiles.outfile import OutputError, check_output, write_text
 
 ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False

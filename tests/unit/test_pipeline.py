@@ -209,7 +209,7 @@ def test_a_silent_peer_hands_the_poll_to_the_watched_wait(
 
     from mpi4py import MPI
 
-    from collectives.stall import StallError
+    from collectives.plumbing.stall import StallError
 
     monkeypatch.setenv("RINGTUNE_STALL_TIMEOUT", "0.2")
     req = MPI.COMM_SELF.Irecv(bytearray(1), source=0, tag=4242)  # never sent

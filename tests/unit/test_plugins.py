@@ -58,7 +58,7 @@ def _distribution(root: Path, name: str, entries: dict[str, str]) -> None:
 
 def _everything_is_found() -> list[str]:
     """What is wrong when the example plug-in's names are asked for (empty: all found)."""
-    from collectives.schema import schema_text
+    from collectives.profile.schema import schema_text
 
     wrong = []
     if algorithms.get_algorithm("plug_native").name != "plug_native":

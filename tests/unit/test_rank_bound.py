@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import ringtune.launch as launch
-from collectives.launcher import MPI_RANK_VARS
+from collectives.mpi.launcher import MPI_RANK_VARS
 from ringtune.errors import UsageError
 from ringtune.launch import (
     HARD_RANKS_PER_CORE,

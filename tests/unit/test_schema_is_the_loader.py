@@ -22,7 +22,7 @@ import pytest
 
 from collectives.errors import ProfileError
 from collectives.profile import profile_from_dict
-from collectives.schema import profile_schema
+from collectives.profile.schema import profile_schema
 
 WORLD = 4
 BASE: dict[str, Any] = {
@@ -191,10 +191,10 @@ def test_schema_and_loader_agree_on_generated_cases(validator: Any) -> None:
 
 
 def test_schema_keys_are_the_loaders_keys() -> None:
-    """Every mapping's keys are declared once (collectives.profile, collectives.shapes) and
+    """Every mapping's keys are declared once (collectives.profile, collectives.profile.shapes) and
     the schema lists exactly those."""
     from collectives import profile as cp
-    from collectives.shapes import SECTION_KEYS
+    from collectives.profile.shapes import SECTION_KEYS
 
     schema = profile_schema()
     rule = schema["$defs"]["rule"]

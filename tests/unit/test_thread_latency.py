@@ -75,7 +75,7 @@ def test_slice_and_slack_are_set_on_the_calling_thread() -> None:
 def test_the_runtime_reads_no_scheduling_variables() -> None:
     """The experiment left the runtime: the exchange thread keeps the kernel's settings
     and no longer reads RINGTUNE_EXCHANGE_SLICE_US, _SLACK_US or _NICE."""
-    from collectives import exchange
+    from collectives.training import exchange
 
     text = Path(exchange.__file__).read_text()
     for gone in ("RINGTUNE_EXCHANGE_SLICE_US", "RINGTUNE_EXCHANGE_SLACK_US",

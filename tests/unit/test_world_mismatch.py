@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from collectives import Communicator, WorldMismatchError
-from collectives.launcher import check_mpi_world, job_world_size, under_torchrun
+from collectives.mpi.launcher import check_mpi_world, job_world_size, under_torchrun
 
 TORCHRUN = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "x"}
 

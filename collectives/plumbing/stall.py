@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .errors import RingtuneError
+from ..errors import RingtuneError
 
 ENV = "RINGTUNE_STALL_TIMEOUT"
 

@@ -1,7 +1,7 @@
 """The profile file's records, declared once (docs/profile-format.md "How files are checked").
 
 ``safefiles.records`` checks a file against these (``collectives.profile.profile_from_dict``)
-and ``collectives.schema`` writes the JSON Schema from them; what a declaration cannot say
+and ``collectives.profile.schema`` writes the JSON Schema from them; what a declaration cannot say
 is checked in ``profile_from_dict`` after. Not imported by ``import collectives`` (the
 declarations import ``probes``): the loader imports it when it first reads a profile.
 """
@@ -15,7 +15,7 @@ from typing import Any
 from probes.topology import fingerprint_field
 from safefiles.records import declare, optional_keys, required_keys
 
-from .profile_format import (
+from .constants import (
     FORMAT,
     MAX_MEASURED,
     MAX_RULE_BYTES,
@@ -37,7 +37,7 @@ _SHAPES: dict[str, Any] = {"max_items": MAX_SHAPES, "noun": "sections",
 @dataclass(frozen=True)
 class Section:
     """One entry of ``shapes``. Its ``topology`` and ``rules`` are checked as a whole
-    profile (the top level's other keys with them: ``collectives.shapes.merged``)."""
+    profile (the top level's other keys with them: ``collectives.profile.shapes.merged``)."""
 
     topology: Any
     rules: Any
@@ -49,7 +49,7 @@ class Section:
 
 @dataclass(frozen=True)
 class Sections:
-    """``shapes`` alone (``collectives.shapes.check``)."""
+    """``shapes`` alone (``collectives.profile.shapes.check``)."""
 
     shapes: tuple[Section, ...] = declare(**_SHAPES)
 
@@ -153,7 +153,7 @@ class EngineRecord:
 
 @dataclass(frozen=True)
 class FusionRecord:
-    """``fusion``: allreduce_many's tuned bucket size (collectives/fusion.py)."""
+    """``fusion``: allreduce_many's tuned bucket size (collectives/training/fusion.py)."""
 
     __unknown_hint__ = _UNKNOWN
     __schema_doc__ = "allreduce_many's fused bucket size, searched by ringtune tune --workload"

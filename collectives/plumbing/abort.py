@@ -51,7 +51,7 @@ def on_error_mode() -> str:
 def rank_line(comm: Any, text: str) -> str:
     """``ringtune: rank R: text`` on one line (R in ``comm``; the world rank too when
     ``comm`` is a sub-communicator)."""
-    from .engines import engine_for
+    from ..engines import engine_for
 
     rank = comm.Get_rank()
     where = f"rank {rank}"
@@ -74,7 +74,7 @@ def abort_world(comm: Any, line: str | None, code: int = 1) -> NoReturn:
     except (OSError, ValueError):
         pass
     time.sleep(ABORT_GRACE_S)
-    from .engines import engine_for
+    from ..engines import engine_for
 
     # MPI_Abort under MPI; under torch.distributed this rank exits and its peers' next
     # operation with it fails (torchrun's agent then stops them).

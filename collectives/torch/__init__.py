@@ -8,7 +8,7 @@ code concurrently, hence the ``Dup``)::
     ddp_model.register_comm_hook(HookState(Communicator(MPI.COMM_WORLD.Dup())), ddp_hook)
 
 ``ddp_hook`` hands each ``GradBucket`` to the communicator's communication thread
-(``collectives.exchange``) and returns at once with a ``torch.futures.Future``; the thread
+(``collectives.training.exchange``) and returns at once with a ``torch.futures.Future``; the thread
 averages the bucket with the profile's choice for its size while backward computes the
 next bucket, then completes the future. An error on that thread fails the future, so
 ``loss.backward()`` raises on the training thread instead of hanging. DDP with the gloo
@@ -17,7 +17,7 @@ ringtune's GPU backend in the same way, ordered after the gradient kernels by an
 verified here: no GPU).
 
 CPU cores shared by ranks: MPICH busy-polls while the communication thread waits, taking the
-core backward needs; start MPI with ``collectives.exchange.QUIET_PROGRESS_ENV`` in the
+core backward needs; start MPI with ``collectives.training.exchange.QUIET_PROGRESS_ENV`` in the
 environment (MPICH then sleeps after empty polls) where compute and communication share
 cores, e.g. ``os.environ.update(QUIET_PROGRESS_ENV)`` before ``from mpi4py import MPI``.
 
@@ -42,6 +42,11 @@ runs while the next one's intra-host phase uses the cores. Needs ``MPI_THREAD_MU
 The first time a bucket layout is seen the ranks compare it (one small allgather on the
 communication thread): ranks whose models differ fail together with the layouts named,
 instead of reducing mismatched buckets.
+
+The package is ringtune's PyTorch integration, needing torch to import: this module (the
+DDP hook) and ``backend`` (the registered ``torch.distributed`` backend ``ringtune``, which
+importing this package registers). ``collectives.tensors`` (tensors as buffers) stays
+outside: the communicator uses it without torch, and a module here would import torch.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from __future__ import annotations
 from concurrent.futures import Future as _CFuture
 from typing import Any
 
-from .tensors import _rank, as_buffer
+from ..tensors import _rank, as_buffer
 
 try:
     import torch
@@ -59,9 +64,9 @@ except ImportError as _exc:  # the torch API without torch: one line with the fi
                       "with `pip install 'ringtune[torch]'` (or `make .venv-torch/.installed`)"
                       ) from None
 
-from .errors import AgreementError, require_agreement
-from .exchange import exchanger_for
-from .plan import plan_key as _plan_key
+from ..errors import AgreementError, require_agreement
+from ..plan import plan_key as _plan_key
+from ..training.exchange import exchanger_for
 
 __all__ = ["HookState", "ddp_hook"]
 
@@ -96,7 +101,7 @@ def _check_ddp_world(comm: Any) -> None:
     """DDP's default process group and the communicator must span the same ranks, or the
     hook would average over another world (a 1-rank MPI world under torchrun averages
     nothing): ``WorldMismatchError`` on every rank, before the first step."""
-    from .errors import WorldMismatchError
+    from ..errors import WorldMismatchError
 
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
@@ -121,7 +126,7 @@ class HookState:
     def __init__(self, comm: Any, staleness: int = 0, average_every: int = 1,
                  channels: int = 1, tune: str | None = None, tune_out: Any = None,
                  tune_options: Any = None) -> None:
-        from .communicator import Communicator
+        from ..communicator import Communicator
 
         if not isinstance(comm, Communicator):
             raise TypeError(f"rank {_rank()}: HookState needs a collectives.Communicator, got "
@@ -180,8 +185,8 @@ class HookState:
         i to the same channel and each channel runs its buckets in DDP's order, so the
         collectives match on every communicator. Needs ``MPI_THREAD_MULTIPLE`` (two threads
         in MPI at once, on different communicators); checked here, on every rank."""
-        from .communicator import Communicator
-        from .exchange import check_thread_level
+        from ..communicator import Communicator
+        from ..training.exchange import check_thread_level
 
         comm = self.comm
         check_thread_level(comm.rank, concurrent=True, comm=comm)
@@ -212,7 +217,7 @@ class HookState:
         _check_ddp_world(comm)
         problem = ""
         try:
-            from .registry import backend_for
+            from ..registry import backend_for
 
             backend_for(as_buffer(buf))
         except (TypeError, ValueError, ImportError) as exc:
@@ -261,7 +266,7 @@ class HookState:
         sig = (index, int(buf.numel()), str(buf.dtype), buf.device.type, last)
         self._reduce(sig, buf, None, comm)
         if not (comm.check_args or comm.logs_calls):
-            from .registry import backend_for
+            from ..registry import backend_for
 
             arr = as_buffer(buf)
             backend = backend_for(arr)
@@ -358,7 +363,7 @@ class HookState:
     def close(self) -> None:
         """Finish queued exchanges and stop the communication threads (the extra channels'
         communicators are freed; ``comm`` stays the caller's)."""
-        from .exchange import close_exchanger
+        from ..training.exchange import close_exchanger
 
         for extra, ex in self.channels[1:]:
             ex.close()
@@ -399,7 +404,7 @@ ddp_hook.__annotations__ = {"state": HookState, "bucket": torch.distributed.Grad
                             "return": torch.futures.Future[torch.Tensor]}
 
 # ``import collectives.torch`` registers the ``ringtune`` torch.distributed backend
-# (collectives/torch_backend.py): ``dist.init_process_group("ringtune")``.
-from .torch_backend import register_backend  # noqa: E402
+# (collectives/torch/backend.py): ``dist.init_process_group("ringtune")``.
+from .backend import register_backend  # noqa: E402
 
 register_backend()

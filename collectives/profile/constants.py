@@ -1,6 +1,6 @@
 """The profile format's constants: its name and version, the values a few keys take, and the
 caps of a file. Plain values, light to import (``import collectives`` reads them):
-``collectives.profile`` re-exports them and ``collectives.records`` declares the file's
+``collectives.profile`` re-exports them and ``collectives.profile.records`` declares the file's
 records with them.
 """
 

@@ -6,6 +6,12 @@ first problem raises ``ProfileError`` naming the file and the key path),
 ``write_profile(profile_or_dict, path)`` to write one atomically. ``builtin_profile`` is the
 heuristic used when no profile is given. The format is docs/design.md "Profile format"; the JSON
 Schema in ``profiles/schema/`` describes the same shape for editors and CI.
+
+The package holds the profile file and everything about its format: this module (loading,
+checking, rule selection, writing), ``constants`` (name, version, caps; light, read by
+``import collectives``), ``records`` (the file's declared records, imported on the first
+load), ``shapes`` (one section per job shape in one file) and ``schema`` (the JSON Schema
+generated from the records and the registries).
 """
 
 from __future__ import annotations
@@ -19,18 +25,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
-from .atomic import write_text_atomic
-from .errors import ProfileError
-from .profile_format import FORMAT as FORMAT
-from .profile_format import MAX_MEASURED as MAX_MEASURED
-from .profile_format import MAX_PROFILE_BYTES as MAX_PROFILE_BYTES
-from .profile_format import MAX_RULE_BYTES as MAX_RULE_BYTES
-from .profile_format import MAX_RULES as MAX_RULES
-from .profile_format import PROFILE_DTYPES as PROFILE_DTYPES
-from .profile_format import PROFILE_OPS as PROFILE_OPS
-from .profile_format import VERSION as VERSION
+from ..errors import ProfileError
+from ..plumbing.atomic import write_text_atomic
+from .constants import FORMAT as FORMAT
+from .constants import MAX_MEASURED as MAX_MEASURED
+from .constants import MAX_PROFILE_BYTES as MAX_PROFILE_BYTES
+from .constants import MAX_RULE_BYTES as MAX_RULE_BYTES
+from .constants import MAX_RULES as MAX_RULES
+from .constants import PROFILE_DTYPES as PROFILE_DTYPES
+from .constants import PROFILE_OPS as PROFILE_OPS
+from .constants import VERSION as VERSION
 
-#: The key lists of each record, derived from ``collectives.records`` (imported only when
+#: The key lists of each record, derived from ``collectives.profile.records`` (imported only when
 #: asked: the declarations import ``probes``, which ``import collectives`` must not).
 _KEY_LISTS = ("REQUIRED_KEYS", "OPTIONAL_KEYS", "TOPOLOGY_KEYS", "RULE_REQUIRED_KEYS",
               "RULE_OPTIONAL_KEYS", "NATIVE_KEYS", "NATIVE_OPTIONAL_KEYS", "LIBRARY_KEYS",
@@ -94,7 +100,7 @@ class Profile:
     path: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict)
     builtin: bool = False
-    #: Which section of a several-shape profile this is (``collectives.shapes``), or "".
+    #: Which section of a several-shape profile this is (``collectives.profile.shapes``), or "".
     section: str = ""
     #: SHA-256 of the file's bytes when it was read from one (``load_profile``), else
     #: ``None``. Equal bytes hold equal content, so ranks that read the same file agree on
@@ -287,16 +293,16 @@ def profile_from_dict(data: Any, name: str = "<profile>",
         _fail(name, "topology.world_size",
               f"profile was tuned for {ws} ranks, this world has {world_size}; tune this "
               f"world size with `ringtune tune -np {world_size}` or run with {ws} ranks")
-    from .registry import backend_names, transport_names
+    from ..registry import backend_names, transport_names
 
     backend = _named(name, "backend", rec.backend, backend_names())
     transport = _named(name, "transport", rec.transport, transport_names())
     _check_transport(name, transport, backend, "transport")
     if rec.engine is not None:
-        from .engines import engine_names
+        from ..engines import engine_names
 
         _named(name, "engine.name", rec.engine.name, engine_names())
-    from .natives import tuned_with
+    from ..natives import tuned_with
 
     # A profile tuned with another MPI library names that library's algorithms (impl).
     with tuned_with(rec.library.name if rec.library is not None else None):
@@ -324,8 +330,8 @@ def _rules(name: str, records: tuple[Any, ...], raw: Sequence[Mapping[str, Any]]
     """The rules, each checked as the runtime will use it (its keys passed their declared
     checks already): sorted, contiguous ranges, a registered algorithm whose own checks pass
     its params for this world size, and a transport that moves this profile's buffers."""
-    from .algorithms import algorithm_names, get_algorithm
-    from .registry import transport_names
+    from ..algorithms import algorithm_names, get_algorithm
+    from ..registry import transport_names
 
     names = algorithm_names()
     out: list[Rule] = []
@@ -382,7 +388,7 @@ def _rules(name: str, records: tuple[Any, ...], raw: Sequence[Mapping[str, Any]]
             _fail(name, f"{where}.params", msg)
         for j, entry in enumerate(rec.native or ()):
             if entry.composition is not None:
-                from .natives import all_compositions
+                from ..natives import all_compositions
 
                 _named(name, f"{where}.native[{j}].composition", entry.composition,
                        all_compositions())
@@ -400,7 +406,7 @@ def _rules(name: str, records: tuple[Any, ...], raw: Sequence[Mapping[str, Any]]
 def _check_transport(name: str, transport: str, backend: str, key: str) -> None:
     """Refuse a transport that cannot move this profile's buffers (``backend: numpy`` with a
     GPU transport): the registry says which buffers each transport moves."""
-    from .registry import transport_refusal
+    from ..registry import transport_refusal
 
     refusal = transport_refusal(transport, backend)
     if refusal is not None:

@@ -9,8 +9,8 @@ tuned size (``fusion.bucket_bytes``, searched by ``ringtune tune --workload``), 
 Packing: buffers are taken in the order given, grouped by backend and dtype; consecutive
 ones are copied into a bucket while it has room; a buffer of ``bucket_bytes`` or more is
 reduced in place on its own (no copy). Two staging buckets alternate: while the
-communication thread (``collectives.exchange``) reduces one, the calling thread unpacks the
-previous one and packs the next.
+communication thread (``collectives.training.exchange``) reduces one, the calling thread
+unpacks the previous one and packs the next.
 
 Exactness: each element is reduced exactly as a per-buffer ``allreduce`` reduces it
 whenever the reduction of an element does not depend on its position in the message:
@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from .backend import Backend
-from .registry import backend_for
-from .tensors import as_buffer
+from ..backend import Backend
+from ..registry import backend_for
+from ..tensors import as_buffer
 
 #: Bucket size without a tuned profile: DDP's default bucket (bucket_cap_mb=25).
 DEFAULT_BUCKET_BYTES = 25 << 20

@@ -4,7 +4,7 @@ Use ``profile_schema()`` for the schema as a mapping, ``schema_text()`` for the 
 checked-in file ``profiles/schema/profile-v1.schema.json``; ``python -m autotune.schemas``
 (``make schema``) rewrites it with the other files' schemas after changing an algorithm's
 parameters (a unit test says when it is stale). The profile's own keys are the declared
-records of ``collectives.records``; each rule's ``params`` come from its algorithm's
+records of ``collectives.profile.records``; each rule's ``params`` come from its algorithm's
 ``params_schema`` (``collectives.algorithms.base.Algorithm``), so a new algorithm appears
 in the schema without an edit here. Test-only algorithms are left out.
 
@@ -21,13 +21,13 @@ from typing import Any
 from safefiles.records import schema_document
 from safefiles.records import schema_text as _text
 
-from .algorithms import get_algorithm
-from .algorithms.registry import user_algorithm_names
-from .engines import engine_names
-from .natives import all_compositions, libraries
-from .profile import MAX_RULES, VERSION
+from ..algorithms import get_algorithm
+from ..algorithms.registry import user_algorithm_names
+from ..engines import engine_names
+from ..natives import all_compositions, libraries
+from ..registry import backend_names, transports_for, user_transport_names
+from .constants import MAX_RULES, VERSION
 from .records import ProfileRecord
-from .registry import backend_names, transports_for, user_transport_names
 
 #: The checked-in schema's file name under ``profiles/schema/``.
 SCHEMA_FILE = f"profile-v{VERSION}.schema.json"

@@ -97,7 +97,7 @@ def check_mpi_world(mpi_world_size: int, rank: int | None = None,
     (Hydra's mpiexec starting an Open MPI build of mpi4py) each rank is its own 1-rank
     job. Either way an allreduce would average nothing: raise ``WorldMismatchError`` with
     the fix, on every rank (each sees the same mismatch)."""
-    from .errors import WorldMismatchError
+    from ..errors import WorldMismatchError
 
     found = job_world_size(env)
     if found is None or found[0] == mpi_world_size:

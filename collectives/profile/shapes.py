@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import ProfileError
-from .profile_format import MAX_SHAPES as MAX_SHAPES
-from .profile_format import MAX_WORLD_SIZE as MAX_WORLD_SIZE
-from .profile_format import SOURCES as SOURCES
+from ..errors import ProfileError
+from .constants import MAX_SHAPES as MAX_SHAPES
+from .constants import MAX_WORLD_SIZE as MAX_WORLD_SIZE
+from .constants import SOURCES as SOURCES
 
 
 def __getattr__(name: str) -> Any:
