@@ -48,8 +48,9 @@ class TuneOptions:
     #: GPU transports every rank can use, best first (``tune`` fills it in on ``cupy``; the
     #: search space's ``transport`` parameter). ``None`` for host buffers.
     transports: list[str] | None = None
-    #: Wait for another run holding the storage instead of refusing (``--wait``).
-    wait: bool = False
+    #: Seconds to wait for another run holding the storage to end instead of refusing
+    #: (``--wait [SECONDS]``; ``math.inf``: no limit; 0: refuse at once).
+    wait: float = 0.0
     #: ``--workload``: tensor sizes on which allreduce_many's bucket size is searched.
     tensor_bytes: list[int] | None = None
     #: ``--busy``: what a busy machine does to the run (``autotune.machine``): ``warn``

@@ -6,7 +6,8 @@ run's RUNNING trial for one left by a killed run, marks it FAIL, and the first r
 it reports that trial. So rank 0 takes an exclusive ``flock`` on ``<database>.lock`` before
 opening the storage and holds it until the profile is written. A second run refuses at once
 (``TuneError``, bad usage: exit 2) naming the holder's PID and host, or with
-``opts.wait`` (``ringtune tune --wait``) waits for it to finish.
+``opts.wait`` (``ringtune tune --wait [SECONDS]``) waits for it to end, up to
+SECONDS.
 
 A run that dies, even by SIGKILL, releases the lock with its last file descriptor, so a
 stale lock file never blocks anyone; the file is removed on a normal release. Only SQLite
@@ -17,8 +18,10 @@ lock here, and an in-memory one belongs to one process.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,30 +59,44 @@ class StorageLock:
         self._fd: int | None = fd
 
     @classmethod
-    def acquire(cls, path: str, url: str, wait: bool = False) -> StorageLock:
-        """Lock ``path`` (the lock file of storage ``url``); ``TuneError`` when another run
-        holds it and ``wait`` is false, else block until it is released."""
+    def acquire(cls, path: str, url: str, wait: float = 0.0) -> StorageLock:
+        """Lock ``path`` (the lock file of storage ``url``). Held by another run: wait up to
+        ``wait`` seconds for it to be released (``math.inf``: no limit; ``True`` is that,
+        ``False`` 0, the switch ``--wait`` was), then ``TuneError``."""
         from collectives.plumbing.lockfile import LockBusy, take
 
+        limit = math.inf if wait is True else float(wait)
         launcher = os.environ.get("RINGTUNE_LAUNCHED", "")
         who = (f"pid {launcher} (its rank 0: pid {os.getpid()})" if launcher.isdigit()
                and launcher != "1" else f"pid {os.getpid()}")
 
         def announce(holder: str) -> None:
-            print(f"ringtune tune: waiting for the run holding {url} ({holder})",
+            upto = "" if limit == math.inf else f" up to {limit:g} s"
+            print(f"ringtune tune: waiting{upto} for the run holding {url} ({holder})",
                   file=sys.stderr, flush=True)
 
-        try:
-            fd = take(path, who, announce if wait else None)
-        except OSError as exc:
-            raise TuneError(f"--storage {url}: cannot create the lock file {path} "
-                            f"({exc.strerror or exc})", usage=True) from None
-        except LockBusy as busy:
-            raise TuneError(
-                f"--storage {url} is in use by another ringtune tune ({busy.holder}; "
-                f"lock {path}): wait for it to finish or stop it, use another "
-                "--storage/--out, or pass --wait to start when it ends",
-                usage=True) from None
+        deadline = time.monotonic() + limit
+        told = False
+        while True:
+            try:
+                # No limit: a blocking lock; a limit: polled, to give up at the deadline.
+                fd = take(path, who, announce if limit == math.inf else None)
+                break
+            except OSError as exc:
+                raise TuneError(f"--storage {url}: cannot create the lock file {path} "
+                                f"({exc.strerror or exc})", usage=True) from None
+            except LockBusy as busy:
+                if time.monotonic() >= deadline:
+                    waited = f" after waiting {limit:g} s" if limit > 0 else ""
+                    raise TuneError(
+                        f"--storage {url} is in use by another ringtune tune ({busy.holder}; "
+                        f"lock {path}){waited}: wait for it to finish or stop it, use another "
+                        "--storage/--out, or pass --wait [SECONDS] to start when it ends",
+                        usage=True) from None
+                if not told:
+                    announce(busy.holder)
+                    told = True
+                time.sleep(max(0.0, min(0.2, deadline - time.monotonic())))
         return cls(path, fd)
 
     def release(self) -> None:

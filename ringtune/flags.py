@@ -16,6 +16,9 @@ below, so ``tune``, ``bench``, ``simulate`` and ``probe`` cannot drift apart aga
     ``--algo``                algorithm(s): one name, or a list (comma-separated,
                               repeatable) where a verb takes several
     ``-np``                   ranks to launch, on every verb that launches itself
+    ``--wait [SECONDS]``      when another run holds what the verb needs, wait for
+                              it to end instead of refusing at once: up to
+                              SECONDS, or without a limit when given alone
     ========================  =================================================
 
 A spelling a verb used before (``tune --min-bytes``, ``--dtype``, ``--algorithms``,
@@ -27,6 +30,7 @@ docs/cli.md (``aliases_of``).
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -124,3 +128,26 @@ def add_ranks(p: argparse.ArgumentParser) -> None:
                         "than 4 per CPU core needs --oversubscribe)")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow -np above 4 ranks per CPU core")
+
+
+def wait_seconds(text: str) -> float:
+    """``--wait``'s value: seconds >= 0 (``inf``: no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
+
+
+def add_wait(p: argparse.ArgumentParser, holder: str, default: str) -> argparse.Action:
+    """``--wait [SECONDS]``, one meaning on every verb that takes it (``tune`` had it as an
+    on/off switch, ``emulate`` with seconds; both former uses are spellings of this one):
+    while ``holder`` (another run) holds what the verb needs, wait for it to end instead of
+    refusing at once, up to SECONDS; alone, without a limit. ``dest`` ``wait``: ``None``
+    when not given, ``math.inf`` for no limit."""
+    return add(p, "--wait", nargs="?", const=math.inf, default=None, type=wait_seconds,
+               metavar="SECONDS",
+               help=f"while {holder}, wait up to SECONDS for it to end instead of refusing "
+                    f"at once; --wait alone waits without a limit ({default})")

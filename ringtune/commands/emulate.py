@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..flags import add_wait
+
 if TYPE_CHECKING:
     from ringtune.emulate.spec import EmulatedCluster
 
@@ -64,10 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "hostname_prefix, else 'host')")
     p.add_argument("--cleanup", action="store_true",
                    help="only remove namespaces and files left by earlier runs, then exit")
-    p.add_argument("--wait", type=float, metavar="SECONDS", default=None,
-                   help="while another `ringtune emulate` runs on this machine (one at a "
-                        "time), wait up to SECONDS for it to end instead of refusing at once "
-                        f"(default: ${WAIT_ENV}, else 0)")
+    add_wait(p, "another `ringtune emulate` runs on this machine (one at a time)",
+             f"default: ${WAIT_ENV}, else 0")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no set-up/teardown lines on stderr")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
@@ -146,7 +146,7 @@ def _wait_seconds(flag: float | None) -> float:
     from ringtune.errors import UsageError
 
     if flag is not None:
-        if not 0 <= flag < float("inf"):
+        if not flag >= 0:  # --wait alone is inf: no limit
             raise UsageError(f"emulate --wait {flag:g}: expected seconds >= 0")
         return flag
     from collectives.plumbing.stall import env_seconds

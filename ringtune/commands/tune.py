@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..engine import add_engine_argument, close_world, engine_world, resolve_engine
 from ..errors import CommandFailed, UsageError
-from ..flags import add_algos, add_datatype, add_op, add_ranks, add_size_range, algo_list
+from ..flags import add_algos, add_datatype, add_op, add_ranks, add_size_range, add_wait, algo_list
 
 if TYPE_CHECKING:
     from autotune.records import TuneOptions
@@ -75,9 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write DIR/busbw.png and DIR/report.md")
     p.add_argument("--fresh", action="store_true",
                    help="delete this run's studies from the storage and start over")
-    p.add_argument("--wait", action="store_true",
-                   help="when another run holds the storage, wait for it to end instead of "
-                        "refusing")
+    add_wait(p, "another run holds the storage", "default: refuse at once")
     p.add_argument("--busy", default="warn", choices=BUSY_MODES,
                    help="when other processes load this machine (they take the CPUs the "
                         "ranks spin on, so timings are unstable): warn (default: say so at "
@@ -142,7 +140,7 @@ def _options(args: argparse.Namespace) -> TuneOptions:
                        trial_timeout_s=args.trial_timeout or None, margin=args.margin,
                        algorithms=algorithms, dtype=args.dtype, op=args.op, fresh=args.fresh,
                        report=args.report, progress=not args.no_progress, backend=backend,
-                       wait=args.wait, tensor_bytes=tensor_bytes,
+                       wait=args.wait or 0.0, tensor_bytes=tensor_bytes,
                        busy=getattr(args, "busy", "warn"),
                        busy_wait_s=getattr(args, "busy_wait", DEFAULT_BUSY_WAIT_S))
 

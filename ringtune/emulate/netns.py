@@ -213,9 +213,10 @@ def cleanup_leftovers() -> list[str]:
 
 @contextmanager
 def run_lock(wait: float = 0.0, say: Callable[[str], None] | None = None) -> Iterator[None]:
-    """One emulation at a time on the machine. A second one waits up to ``wait`` seconds for
-    the first to end (saying once that it waits, naming the first one's process id), then
-    gets a clear error naming it. The lock is released by the kernel if the holder dies."""
+    """One emulation at a time on the machine. A second one waits up to ``wait`` seconds
+    (``inf``: no limit) for the first to end (saying once that it waits, naming the first
+    one's process id), then gets a clear error naming it. The lock is released by the
+    kernel if the holder dies."""
     os.makedirs(STATE_DIR, exist_ok=True)
     path = os.path.join(STATE_DIR, "lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -236,8 +237,8 @@ def run_lock(wait: float = 0.0, say: Callable[[str], None] | None = None) -> Ite
                                     f"running on this machine{waited}; wait for it to end "
                                     f"(--wait SECONDS) or stop it (kill {holder})") from None
             if say is not None and not told:
-                say(f"waiting up to {wait:g} s for another `ringtune emulate` (pid "
-                    f"{holder}) to end")
+                upto = "" if wait == float("inf") else f" up to {wait:g} s"
+                say(f"waiting{upto} for another `ringtune emulate` (pid {holder}) to end")
                 told = True
             # Polled, not a blocking flock: a blocking one could not give up at the deadline.
             time.sleep(0.2)

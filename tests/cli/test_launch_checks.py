@@ -125,6 +125,21 @@ def test_storage_lock_refuses_names_the_holder_waits_and_cleans_up(tmp_path: Pat
     assert not os.path.exists(path)
 
 
+def test_storage_lock_waits_up_to_its_seconds(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """``tune --wait SECONDS``: waits that long for the holder, then refuses saying so;
+    released within them, it takes the lock."""
+    path = str(tmp_path / "p.db.lock")
+    url = "sqlite:///" + str(tmp_path / "p.db")
+    first = StorageLock.acquire(path, url)
+    with pytest.raises(TuneError, match=r"after waiting 0\.2 s: .*--wait \[SECONDS\]"):
+        StorageLock.acquire(path, url, wait=0.2)
+    assert "waiting up to 0.2 s for the run holding" in capsys.readouterr().err
+    threading.Timer(0.2, first.release).start()
+    second = StorageLock.acquire(path, url, wait=30.0)  # returns once the first is released
+    second.release()
+
+
 def test_a_stale_lock_file_does_not_block(tmp_path: Path) -> None:
     """A killed run leaves its lock file, but not its lock: the next run takes it."""
     path = tmp_path / "p.db.lock"

@@ -96,3 +96,31 @@ def test_a_former_spelling_means_the_same(new: list[str], old: list[str]) -> Non
 def test_a_former_spelling_is_shown_as_an_alias_in_help() -> None:
     text = _verbs()["tune"].format_help()
     assert "(alias: --min-bytes, the former spelling)" in " ".join(text.split()), text
+
+
+@pytest.mark.parametrize("verb", [["tune"], ["emulate", "--cluster", "c.yaml"]])
+def test_wait_is_one_flag_with_one_meaning_on_every_verb(verb: list[str]) -> None:
+    """``--wait [SECONDS]``: ``tune --wait`` (once an on/off switch) and ``emulate --wait
+    SECONDS`` (once seconds only) are two spellings of it, both still accepted: given alone
+    it waits without a limit, with SECONDS up to SECONDS; not given, the verb's default."""
+    import math
+
+    tail = ["--", "true"] if verb[0] == "emulate" else []
+    parse = build_parser().parse_args
+    assert parse([*verb, *tail]).wait is None
+    assert parse([*verb, "--wait", *tail]).wait == math.inf  # tune's former switch
+    assert parse([*verb, "--wait", "30", *tail]).wait == 30.0  # emulate's former seconds
+    assert parse([*verb, "--wait=0.5", *tail]).wait == 0.5
+    if tail:  # the command after -- is still the command
+        assert parse([*verb, "--wait", *tail]).command == tail
+    action = _verbs()[verb[0]]._option_string_actions["--wait"]
+    assert (action.nargs, action.metavar) == ("?", "SECONDS")
+    assert "--wait alone waits without a limit" in " ".join(str(action.help).split())
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "nan"])
+def test_wait_refuses_what_is_not_seconds(capsys: pytest.CaptureFixture[str],
+                                          value: str) -> None:
+    for verb in (["tune"], ["emulate", "--cluster", "c.yaml"]):
+        assert main([*verb, "--wait", value]) == 2
+        assert "argument --wait: expected seconds >= 0" in capsys.readouterr().err

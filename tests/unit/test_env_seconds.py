@@ -37,3 +37,4 @@ def test_emulate_wait_flag_wins_and_env_errors_are_usage_errors(
         _wait_seconds(-1.0)
     monkeypatch.setenv(WAIT_ENV, "7")
     assert _wait_seconds(None) == 7.0
+    assert _wait_seconds(float("inf")) == float("inf")  # --wait alone: no limit
