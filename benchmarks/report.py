@@ -648,8 +648,12 @@ def measured(prov: dict[str, Any]) -> str:
     span = (start if start == end else f"{start}–{end[11:]}" if start[:10] == end[:10]
             else f"{start}–{end}")
     commit = prov["git_commit"][:10] + (" with local changes" if prov["git_dirty"] else "")
+    env = " ".join(f"{k}={v}" for k, v in prov.get("environment", {}).items()
+                   if k not in ("RINGTUNE_TORCH_PYTHON", "RINGTUNE_OMPI_PYTHON",
+                                "RINGTUNE_IMPI_PYTHON", "RINGTUNE_EMULATE_WAIT"))
     return (f"{span} UTC, load average (1/5/15 min) {_loads(prov['load_before'])} before, "
             f"{_loads(prov['load_after'])} after; commit {commit}"
+            + (f"; with {env}" if env else "")
             + (", quick mode (small sizes, few repeats)" if prov.get("quick") else ""))
 
 
@@ -841,8 +845,10 @@ def git_state() -> tuple[str, bool]:
                                   text=True, timeout=30).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
-    return git("rev-parse", "HEAD") or "unknown", bool(
-        git("status", "--porcelain", "--untracked-files=no"))
+    # The report's own outputs (a scenario run earlier rewrote them) are not its inputs.
+    return git("rev-parse", "HEAD") or "unknown", bool(git(
+        "status", "--porcelain", "--untracked-files=no", "--", ".",
+        f":(exclude){RESULTS.as_posix()}", f":(exclude){PAGE}", f":(exclude){IMG.as_posix()}"))
 
 
 def utc_now() -> str:
@@ -878,7 +884,8 @@ def run(names: Sequence[str], quick: bool, out: Path) -> int:
                 "finished": utc_now(), "load_before": [round(x, 2) for x in load],
                 "load_after": [round(x, 2) for x in os.getloadavg()],
                 "machine": machine(), "git_commit": commit, "git_dirty": dirty,
-                "quick": quick}, **data}
+                "quick": quick, "environment": {k: v for k, v in sorted(os.environ.items())
+                                                if k.startswith("RINGTUNE_")}}, **data}
         else:
             now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
             # A scenario may state its commands as a loop (``commands`` of its data) where
