@@ -1,6 +1,6 @@
-"""The search of one size bucket, on rank 0: the Optuna study's ask and tell, warm start,
-exhaustion, resume after an interruption, and recording a trial that exceeded
-``--trial-timeout``.
+"""The search of one size bucket, on rank 0: the Optuna study's ask and tell, warm start
+(its trials: ``autotune.warm_start``), exhaustion, resume after an interruption, and
+recording a trial that exceeded ``--trial-timeout``.
 
 Use ``Driver`` on rank 0 only (SQLite has one writer); ``autotune.tuning`` (the whole run,
 on every rank) broadcasts what it decides to the other ranks. Use ``make_sampler`` for the
@@ -28,13 +28,12 @@ import time
 import warnings
 from typing import Any
 
-from collectives.candidates import guesses as candidate_guesses
 from collectives.plan import Config
-from collectives.profile import builtin_profile
 
 from . import space
 from .objective import COMPLETE, FAIL, PRUNED, TIMEOUT
 from .records import BucketSummary, TuneOptions
+from .warm_start import warm_start
 
 SAMPLERS = ("tpe", "random", "grid")
 
@@ -171,43 +170,17 @@ class Driver:
             if self.opts.sampler == "grid":
                 raise
             self.grid_keys = None  # a continuous space: only the duplicate streak stops it
-        self._queue_retries()
+        queue_retries(self.study, self.timeouts, self.timeout_params, self.done)
         if trials:
             return
-        for params in self._warm_start():
+        for params in warm_start(self.algorithms, self.world_size, self.nbytes, self.hosts,
+                                 self.opts.transports, self.space):
             self.study.enqueue_trial(params, skip_if_exists=True)
         if self.opts.sampler == "grid":
             order = list(self.space())
             random.Random(self.opts.seed).shuffle(order)
             for tparams, _ in order:
                 self.study.enqueue_trial(tparams, skip_if_exists=True)
-
-    def _queue_retries(self) -> None:
-        """Queue, ahead of anything else, each configuration that timed out once and was
-        never measured: the retry that decides whether it is ruled out. Once per
-        configuration, not per run: a retry left queued by an interrupted run stays one."""
-        from optuna.trial import TrialState
-
-        retries: list[dict[str, Any]] = []
-        for key, count in sorted(self.timeouts.items()):
-            params = self.timeout_params.get(key)
-            if count < MAX_TIMEOUTS and key not in self.done and params \
-                    and params not in retries:
-                retries.append(params)
-        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        # An enqueued trial carries its params as ``fixed_params`` until it is asked for.
-        queued = [t.system_attrs.get("fixed_params") for t in waiting]
-        if not retries or queued[:len(retries)] == retries:
-            return
-        # Optuna hands out the oldest waiting trial first: take back what earlier runs left
-        # queued (each ``ask`` pops one; it is closed without a configuration, which the
-        # history ignores) and queue it again behind the retries.
-        for _ in waiting:
-            popped = self.study.ask()
-            popped.set_user_attr("requeued", "behind a --trial-timeout retry")
-            self.study.tell(popped, state=TrialState.FAIL)
-        for params in retries + [q for q in queued if q and q not in retries]:
-            self.study.enqueue_trial(dict(params), skip_if_exists=False)
 
     def _draw_untried(self) -> None:
         """Queue one untried configuration of the space (seeded choice) for the next ask."""
@@ -222,61 +195,6 @@ class Driver:
     @functools.cached_property
     def _trial_params(self) -> dict[str, dict[str, Any]]:
         return {cfg.key: tparams for tparams, cfg in self.space()}
-
-    def _warm_start(self) -> list[dict[str, Any]]:
-        """``native`` first, then the cost model's best guesses and sensible defaults."""
-        out: list[dict[str, Any]] = []
-        # On GPU buffers every warm-start guess uses the best transport every rank has.
-        best_transport = self.opts.transports[0] if self.opts.transports else None
-        if best_transport is None or self.world_size <= 1:
-            best_transport = None
-        if "native" in self.algorithms:
-            first: dict[str, Any] = {space.ALGORITHM_PARAM: "native"}
-            if best_transport is not None:
-                first[space.TRANSPORT_PARAM] = best_transport
-            try:
-                # native's own parameters (the library's ``impl``) at its default.
-                exact = space.trial_params_for(Config("native", {}, best_transport),
-                                               self.space(), self.world_size)
-            except ValueError:
-                exact = None
-            out.append(exact or first)
-        guesses: list[Config] = []
-        # Imported here: the model pulls in NumPy-heavy code the driver's other paths skip.
-        from .guesses import best_guesses
-
-        try:
-            # The model's three best among the algorithms searched here.
-            guesses.extend([Config(a, p) for a, p in best_guesses(self.world_size, self.nbytes)
-                            if a in self.algorithms][:3])
-        except Exception as exc:  # noqa: BLE001 - a guess is only a head start
-            warnings.warn(f"cost model guesses unavailable: {exc}", RuntimeWarning,
-                          stacklevel=2)
-        _, rule = builtin_profile(self.world_size).select(self.nbytes)
-        guesses.append(Config(rule.algorithm, rule.params))
-        # The hand-made guesses both tuners share (``collectives.candidates.guesses``), by
-        # name: shared memory (one host), two whole-segment rings and halving-doubling
-        # after the defaults' choice,
-        # and the library's flat composition (one of many native configurations there,
-        # often better than its own choice across hosts) first among the guesses; a guess
-        # outside the space is dropped below.
-        shared = candidate_guesses(self.world_size, self.nbytes, self.hosts)
-        guesses += [shared[name] for name in ("shm", "two_rings", "rhd") if name in shared]
-        if "flat_composition" in shared:
-            guesses.insert(0, shared["flat_composition"])
-        try:
-            grid = self.space()
-        except ValueError:
-            return out
-        for guess in guesses:
-            if guess.algorithm not in self.algorithms:
-                continue
-            # On GPU buffers every guess runs on the best transport every rank has.
-            tparams = space.trial_params_for(guess.with_transport(best_transport), grid,
-                                             self.world_size)
-            if tparams is not None and tparams not in out:
-                out.append(tparams)
-        return out
 
     def next_command(self, deadline: float) -> dict[str, Any]:
         """The next trial to run on every rank, or ``{"op": "done", "reason": …}``."""
@@ -412,6 +330,35 @@ class Driver:
         first, last, seconds = trial_history(trials)
         return BucketSummary(self.nbytes, self.name, self.finished or reason, self.evaluated,
                              top, by_algo, first, last, seconds, self.added)
+
+
+def queue_retries(study: Any, timeouts: dict[str, int], timeout_params: dict[str, dict[str, Any]],
+                  done: dict[str, Any]) -> None:
+    """Queue in ``study``, ahead of anything else, each configuration that timed out once
+    and was never measured (``timeouts``, ``timeout_params``, ``done``: a ``Driver``'s
+    history): the retry that decides whether it is ruled out. Once per configuration, not
+    per run: a retry left queued by an interrupted run stays one."""
+    from optuna.trial import TrialState
+
+    retries: list[dict[str, Any]] = []
+    for key, count in sorted(timeouts.items()):
+        params = timeout_params.get(key)
+        if count < MAX_TIMEOUTS and key not in done and params and params not in retries:
+            retries.append(params)
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    # An enqueued trial carries its params as ``fixed_params`` until it is asked for.
+    queued = [t.system_attrs.get("fixed_params") for t in waiting]
+    if not retries or queued[:len(retries)] == retries:
+        return
+    # Optuna hands out the oldest waiting trial first: take back what earlier runs left
+    # queued (each ``ask`` pops one; it is closed without a configuration, which the
+    # history ignores) and queue it again behind the retries.
+    for _ in waiting:
+        popped = study.ask()
+        popped.set_user_attr("requeued", "behind a --trial-timeout retry")
+        study.tell(popped, state=TrialState.FAIL)
+    for params in retries + [q for q in queued if q and q not in retries]:
+        study.enqueue_trial(dict(params), skip_if_exists=False)
 
 
 def trial_history(trials: Any) -> tuple[str | None, str | None, float]:
