@@ -9,7 +9,7 @@ reads as infinity) and ``infK`` are refused here, never turned into an ``Overflo
 deep inside a command. Files are read by ``safefiles.safeload``, which refuses non-finite
 numbers the same way; their bounds are the records' ``declare(...)``.
 
-It lives in ``probes`` (the bottom layer) because every layer reads such numbers: the
+It lives in ``safefiles`` (the bottom layer) because every layer reads such numbers: the
 environment table (``probes.environment``), the runtime's sizes (``collectives.bench``),
 the CLI's flags (``ringtune.cli``).
 """

@@ -19,9 +19,10 @@ what ``path`` is, never replacing what is not ours:
 - anything else (a directory, a socket, a dangling link, a link loop, a missing folder, a
   place that cannot be written): ``OutputError``, one line naming the path and the fix.
 
-Nothing ever replaces a device node or a symlink. It lives in ``probes`` (the bottom
-layer) because the environment table checks ``RINGTUNE_TUNE_OUT`` with it; the runtime's
-``collectives.plumbing.atomic`` is this module under its old names.
+Nothing ever replaces a device node or a symlink. It lives in ``safefiles`` (the bottom
+layer) because every layer writes files and the environment table (``probes.environment``)
+checks ``RINGTUNE_TUNE_OUT`` with it; the runtime's ``collectives.plumbing.atomic`` is this
+module under its old names.
 """
 
 from __future__ import annotations
