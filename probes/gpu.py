@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
+from .hardware import NVML_LEVELS, P2P_STATUS, Gpu, GpuPair, NvLink, PciDevice
 from .sysfs import normalize_bus_id, parse_cpulist, path, read_nonneg, read_text
-from .topology import NVML_LEVELS, P2P_STATUS, Gpu, GpuPair, NvLink, PciDevice
 
 #: ``nvmlGpuP2PCapsIndex_t`` values (READ, WRITE, NVLINK), as plain ints on purpose.
 P2P_READ, P2P_WRITE, P2P_NVLINK = 0, 1, 2

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
+from .hardware import NumaNode
 from .sysfs import listdir, parse_cpulist, path, read_int, read_text
-from .topology import NumaNode
 
 
 def read_cpu(root: str = "/") -> tuple[str | None, int | None, int | None, int | None]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 
+from .hardware import Nic, PciDevice
 from .sysfs import listdir, path, pci_chain, read_int, read_nonneg, read_text, realpath
-from .topology import Nic, PciDevice
 
 
 def parse_rate(text: str | None) -> int | None:

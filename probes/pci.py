@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
+from .hardware import PciDevice
 from .sysfs import listdir, path, pci_chain, read_nonneg, read_text, realpath
-from .topology import PciDevice
 
 #: Class code prefixes (``0xCCSS``): what a device is.
 _KINDS = (("0x0302", "gpu"), ("0x0300", "gpu"), ("0x0207", "nic"), ("0x0200", "nic"),

@@ -6,6 +6,11 @@ Use it to read what ``probes.detect`` found (``topology.hosts[0].gpus``,
 only, see docs/design.md "Topology and fingerprint"), to describe it in one line
 (``summary()``), and to ask for ring orders that follow it (``ring_order()``, ``ring_orders(k)``).
 
+A ``Topology`` is the world: its hosts, where each rank runs (``RankPlace``) and the links
+measured between ranks (``Links``). One host's hardware (``Host`` and its NUMA nodes, PCI
+devices, GPUs, NVLinks and network ports) is ``probes.hardware``; its names are importable
+from here too.
+
 Unknown facts are ``None`` (or empty tuples), never guessed: a VM's ``numa_node`` of -1
 becomes ``None``, a NIC whose speed reads -1 has ``speed_mbps`` ``None``.
 """
@@ -21,9 +26,37 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from safefiles.records import RecordError, declare, key_path, load, schema_document, show
+from safefiles.records import RecordError, declare, key_path, load, schema_document
 
+from .hardware import (
+    CAP_WHY,
+    MAX_CPUS,
+    MAX_GPUS_PER_HOST,
+    MAX_NICS,
+    MAX_NUMA_NODES,
+    MAX_PCI_DEVICES,
+    NIC_KINDS,
+    NVML_LEVELS,
+    P2P_STATUS,
+    PCIE_LEVELS,
+    Gpu,
+    GpuPair,
+    Host,
+    Nic,
+    NumaNode,
+    NvLink,
+    PciDevice,
+)
 from .sysfs import format_cpulist
+
+__all__ = [
+    "FINGERPRINT_PATTERN", "FINGERPRINT_VERSION", "FORMAT", "MAX_CPUS", "MAX_FILE_BYTES",
+    "MAX_FILE_VALUES", "MAX_GPUS_PER_HOST", "MAX_HOSTS", "MAX_NICS", "MAX_NUMA_NODES",
+    "MAX_PCI_DEVICES", "MAX_RANKS", "NIC_KINDS", "NVML_LEVELS", "P2P_STATUS", "PCIE_LEVELS",
+    "SCHEMA_FILE", "VERSION", "Gpu", "GpuPair", "Host", "Links", "Nic", "NumaNode", "NvLink",
+    "PciDevice", "RankPlace", "Topology", "TopologyError", "TopologyHeader",
+    "fingerprint_field", "topology_schema",
+]
 
 FORMAT = "ringtune-topology"
 VERSION = 1
@@ -32,37 +65,20 @@ FINGERPRINT_VERSION = 1
 #: is one too: ``fingerprint_field``).
 FINGERPRINT_PATTERN = r"sha256:[0-9a-f]{64}"
 
-#: PCIe path classes, best first, as ``nvidia-smi topo -m`` labels them.
-PCIE_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
-#: ``nvmlGpuTopologyLevel_t`` -> label (INTERNAL, a two-GPU board, counts as PIX).
-NVML_LEVELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
-#: ``nvmlGpuP2PStatus_t`` -> ``nvidia-smi topo -p2p`` labels.
-P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
-NIC_KINDS = ("ethernet", "infiniband", "roce", "other")
-
 
 class TopologyError(ValueError):
     """A topology file or record is malformed; the message names the file and the key."""
 
 
-#: Largest CPU number in a CPU list (Linux's NR_CPUS is at most 8192 today): a range such as
-#: ``0-1000000000`` would otherwise expand to a billion numbers.
-MAX_CPUS = 1 << 16
 #: Size caps of a topology record, each list's checked before any of its entries is read
-#: (so a refusal costs no more than counting): a world of 8,192 ranks on up to 1,024 hosts,
-#: each with at most 64 GPUs (a DGX has 8-16), 64 NUMA nodes, 256 network ports and 4,096
-#: PCI devices. ``ringtune probe`` prints a GPU matrix per host: with the GPU cap its output
-#: is linear in the hosts. A file is at most ``MAX_FILE_BYTES`` and ``MAX_FILE_VALUES``
-#: values (counted while parsing: a 100,000-rank file is refused partway).
+#: (so a refusal costs no more than counting): a world of 8,192 ranks on up to 1,024 hosts
+#: (each host's own caps: ``probes.hardware``). A file is at most ``MAX_FILE_BYTES`` and
+#: ``MAX_FILE_VALUES`` values (counted while parsing: a 100,000-rank file is refused
+#: partway).
 MAX_RANKS = 1 << 13
 MAX_HOSTS = 1 << 10
-MAX_GPUS_PER_HOST = 64
-MAX_NUMA_NODES = 64
-MAX_NICS = 256
-MAX_PCI_DEVICES = 4096
 MAX_FILE_BYTES = 4 << 20
 MAX_FILE_VALUES = 1 << 17
-_CAP = "is this the right file?"
 
 
 def fingerprint_field(why: str = "") -> Any:
@@ -70,194 +86,6 @@ def fingerprint_field(why: str = "") -> Any:
     or null: the topology file's and the profile's ``topology.fingerprint``."""
     return declare(None, pattern=FINGERPRINT_PATTERN, max_len=len("sha256:") + 64,
                    shape="'sha256:' and 64 lower-case hex digits", why=why)
-
-
-def _cpus(default: Any = ()) -> Any:
-    """A CPU list: numbers below ``MAX_CPUS``, or their text as sysfs writes it."""
-    return declare(default, le=MAX_CPUS - 1, text=lambda text, where: _cpu_list(text, where))
-
-
-@dataclass(frozen=True)
-class NumaNode:
-    """A NUMA node: its CPUs and its distances to every node (in ``Host.numa`` order)."""
-
-    id: int
-    cpus: tuple[int, ...] = _cpus()
-    distances: tuple[int, ...] = ()
-    memory_mb: int | None = None
-
-
-@dataclass(frozen=True)
-class PciDevice:
-    """A PCI device of interest (GPU, NIC, NVSwitch) or a bridge on the path to one.
-
-    ``parents`` are the PCI addresses from the device's parent up to its root port
-    (closest first); ``root`` is the root complex (``"pci0000:3a"``). Link speeds are GT/s
-    (``pcie_gen`` maps them to generations).
-    """
-
-    address: str
-    kind: str = "other"
-    class_code: str | None = None
-    vendor: str | None = None
-    device: str | None = None
-    numa_node: int | None = None
-    link_speed_gts: float | None = None
-    link_width: int | None = None
-    max_link_speed_gts: float | None = None
-    max_link_width: int | None = None
-    parents: tuple[str, ...] = ()
-    root: str | None = None
-
-
-@dataclass(frozen=True)
-class NvLink:
-    """Active NVLinks of a GPU towards one remote device (``kind`` gpu/switch/cpu/unknown)."""
-
-    remote: str | None
-    kind: str = "unknown"
-    links: int = 0
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """One GPU as NVML sees it; ``index`` is the NVML index, ``bus_id`` the sysfs form."""
-
-    index: int
-    name: str | None = None
-    uuid: str | None = None
-    memory_bytes: int | None = None
-    bus_id: str | None = None
-    numa_node: int | None = None
-    cpus: tuple[int, ...] = _cpus()
-    pcie_gen: int | None = None
-    pcie_width: int | None = None
-    pcie_max_gen: int | None = None
-    pcie_max_width: int | None = None
-    nvlinks: tuple[NvLink, ...] = ()
-
-
-@dataclass(frozen=True)
-class GpuPair:
-    """How GPUs ``a`` < ``b`` of one host are connected: PCIe level (PIX … SYS), NVLinks
-    between them (direct or through NVSwitches) and NVML's P2P status labels."""
-
-    a: int
-    b: int
-    level: str | None = declare(None, choices=PCIE_LEVELS)
-    nvlinks: int = 0
-    p2p_read: str | None = None
-    p2p_write: str | None = None
-    p2p_nvlink: str | None = None
-
-    @property
-    def label(self) -> str:
-        """The ``nvidia-smi topo -m`` cell: ``NV#`` when NVLinked, else the PCIe level."""
-        return f"NV{self.nvlinks}" if self.nvlinks > 0 else (self.level or "?")
-
-
-@dataclass(frozen=True)
-class Nic:
-    """A network port: Ethernet interface, InfiniBand port or RoCE port."""
-
-    name: str
-    kind: str = declare("other", choices=NIC_KINDS)
-    speed_mbps: int | None = None
-    state: str | None = None
-    mtu: int | None = None
-    pci: str | None = None
-    numa_node: int | None = None
-    netdev: str | None = None
-    port: int | None = None
-    link_layer: str | None = None
-
-
-@dataclass(frozen=True)
-class Host:
-    """One machine. ``gpu_source`` says where GPU facts came from or why there are none."""
-
-    name: str = ""
-    cpu_model: str | None = None
-    sockets: int | None = None
-    cores: int | None = None
-    cpus: int | None = None
-    numa: tuple[NumaNode, ...] = declare((), max_items=MAX_NUMA_NODES, why=_CAP)
-    gpus: tuple[Gpu, ...] = declare((), max_items=MAX_GPUS_PER_HOST, noun="GPUs", why=_CAP)
-    gpu_pairs: tuple[GpuPair, ...] = declare(
-        (), max_items=MAX_GPUS_PER_HOST * (MAX_GPUS_PER_HOST - 1) // 2, why=_CAP)
-    nics: tuple[Nic, ...] = declare((), max_items=MAX_NICS, why=_CAP)
-    pci: tuple[PciDevice, ...] = declare((), max_items=MAX_PCI_DEVICES, why=_CAP)
-    gpu_source: str | None = None
-
-    def gpu_pair(self, a: int, b: int) -> GpuPair | None:
-        """The pair record of GPUs ``a`` and ``b`` (positions in ``gpus``), either order."""
-        lo, hi = min(a, b), max(a, b)
-        for p in self.gpu_pairs:
-            if p.a == lo and p.b == hi:
-                return p
-        return None
-
-    def gpu_matrix(self) -> list[list[str]]:
-        """The GPU-to-GPU block of ``nvidia-smi topo -m``: ``X`` on the diagonal."""
-        n = len(self.gpus)
-        out = [["X" if i == j else "?" for j in range(n)] for i in range(n)]
-        for p in self.gpu_pairs:
-            if 0 <= p.a < n and 0 <= p.b < n:
-                out[p.a][p.b] = out[p.b][p.a] = p.label
-        return out
-
-    def pci_device(self, address: str | None) -> PciDevice | None:
-        for d in self.pci:
-            if d.address == address:
-                return d
-        return None
-
-    def __check__(self, where: str) -> None:
-        """One host's facts agree with each other: NUMA ids, distances, GPU indexes and
-        pairs, the NUMA nodes devices name (``safefiles.records`` runs it on loading)."""
-        ids = [x.id for x in self.numa]
-        if len(set(ids)) != len(ids):
-            raise RecordError(key_path(where, "numa"), f"node ids {ids} repeat; each node once")
-        for ni, node in enumerate(self.numa):
-            if node.distances and len(node.distances) != len(self.numa):
-                raise RecordError(key_path(where, f"numa[{ni}].distances"),
-                                  f"{len(node.distances)} distances, expected one per NUMA "
-                                  f"node ({len(self.numa)}) or none")
-        seen: set[int] = set()
-        for gi, g in enumerate(self.gpus):
-            if g.index in seen:
-                raise RecordError(key_path(where, f"gpus[{gi}].index"),
-                                  f"{g.index} is listed twice; each GPU once, with its own "
-                                  "index")
-            seen.add(g.index)
-            self.check_numa(g.numa_node, key_path(where, f"gpus[{gi}].numa_node"))
-        for ni, nic in enumerate(self.nics):
-            self.check_numa(nic.numa_node, key_path(where, f"nics[{ni}].numa_node"))
-        for pi, dev in enumerate(self.pci):
-            self.check_numa(dev.numa_node, key_path(where, f"pci[{pi}].numa_node"))
-        n = len(self.gpus)
-        for pi, p in enumerate(self.gpu_pairs):
-            if not (0 <= p.a < n and 0 <= p.b < n and p.a != p.b):
-                raise RecordError(key_path(where, f"gpu_pairs[{pi}]"),
-                                  f"GPUs {p.a},{p.b} are not two different GPUs of the {n} "
-                                  "listed")
-
-    def check_numa(self, node: int | None, where: str) -> None:
-        """``RecordError`` at ``where`` unless ``node`` is one of this host's NUMA nodes
-        (or unknown, or the host lists none)."""
-        if node is not None and self.numa and node not in {x.id for x in self.numa}:
-            raise RecordError(where, f"{node} is not a NUMA node of this host (it lists "
-                                     f"{', '.join(str(x.id) for x in self.numa)})")
-
-    def numa_of_cpus(self, cpus: Sequence[int]) -> int | None:
-        """The NUMA node holding all of ``cpus``, else ``None`` (unbound or spread)."""
-        want = set(cpus)
-        if not want:
-            return None
-        for node in self.numa:
-            if want <= set(node.cpus):
-                return node.id
-        return None
 
 
 @dataclass(frozen=True)
@@ -277,9 +105,9 @@ class Links:
     """Measured point-to-point links between ranks (``None`` on the diagonal)."""
 
     bandwidth_gbps: tuple[tuple[float | None, ...], ...] = declare(
-        (), max_items=MAX_RANKS, noun="rows", why=_CAP)
+        (), max_items=MAX_RANKS, noun="rows", why=CAP_WHY)
     latency_us: tuple[tuple[float | None, ...], ...] = declare(
-        (), max_items=MAX_RANKS, noun="rows", why=_CAP)
+        (), max_items=MAX_RANKS, noun="rows", why=CAP_WHY)
     message_bytes: int = 0
     small_bytes: int = 0
     repetitions: int = 0
@@ -287,7 +115,7 @@ class Links:
     #: ranks (two hosts, two racks: ``probes.links.measure``): how much concurrent flows
     #: of one group share its links. ``None`` where not measured; empty: never measured.
     concurrent_gbps: tuple[tuple[float | None, ...], ...] = declare(
-        (), max_items=MAX_RANKS, noun="rows", why=_CAP)
+        (), max_items=MAX_RANKS, noun="rows", why=CAP_WHY)
 
 
 @dataclass(frozen=True)
@@ -312,7 +140,7 @@ class Topology:
 
     hosts: tuple[Host, ...] = declare((), required=True, min_items=1, max_items=MAX_HOSTS,
                                       noun="hosts", why="one entry per host")
-    ranks: tuple[RankPlace, ...] = declare((), max_items=MAX_RANKS, noun="ranks", why=_CAP)
+    ranks: tuple[RankPlace, ...] = declare((), max_items=MAX_RANKS, noun="ranks", why=CAP_WHY)
     links: Links | None = None
     source: str = "detected"
     #: Scores and ring orders computed from the (immutable) facts; not part of equality.
@@ -587,7 +415,8 @@ def topology_schema() -> dict[str, Any]:
         description=(
             "What `ringtune probe --out` writes and RINGTUNE_TOPOLOGY / --topology read "
             "(docs/probes.md): hosts, rank layout and measured links of one MPI world. "
-            "Generated from the declared records in probes/topology.py by `python -m "
+            "Generated from the declared records in probes/topology.py and "
+            "probes/hardware.py by `python -m "
             "autotune.schemas` (make schema): do not edit by hand. fingerprint and summary "
             "are recomputed from the facts. probes.load_topology checks everything here "
             "and, in addition, what a schema cannot express: CPU lists written as text are "
@@ -635,30 +464,3 @@ def _to_data(obj: Any, name: str = "") -> Any:
             return format_cpulist(obj)
         return [_to_data(x) for x in obj]
     return obj
-
-
-def _cpu_list(text: str, where: str) -> tuple[int, ...]:
-    """A CPU list as sysfs writes it (``"0-3,8,10-11"``), strictly: a file is refused for
-    a malformed part or a CPU number of ``MAX_CPUS`` or more (``parse_cpulist``, which reads
-    what the kernel writes, skips malformed parts)."""
-    cpus: set[int] = set()
-    body = text.strip()
-    if not body:
-        return ()
-    for part in body.split(","):
-        part = part.strip()
-        if not part:
-            raise RecordError(where, f"{show(text)} has an empty part; write CPUs as 0-3,8 "
-                                     "(numbers and ranges, one comma between)")
-        lo, sep, hi = part.partition("-")
-        try:
-            first = int(lo)
-            last = int(hi) if sep else first
-        except ValueError:
-            raise RecordError(where, f"{show(part)} is not a CPU number or a range such as "
-                                     "0-3") from None
-        if not 0 <= first <= last < MAX_CPUS:
-            raise RecordError(where, f"CPU range {show(part)}: expected 0 ≤ first ≤ last < "
-                                     f"{MAX_CPUS}")
-        cpus.update(range(first, last + 1))
-    return tuple(sorted(cpus))
