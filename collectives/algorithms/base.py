@@ -211,3 +211,12 @@ class Algorithm(ABC):
     @abstractmethod
     def run(self, buf: Any) -> None:
         """Allreduce the flat buffer ``buf`` (``count`` elements) in place, on every rank."""
+
+
+class HostAwareAlgorithm(Algorithm):
+    """An algorithm whose search space depends on how many hosts the world spans: it
+    overrides ``search_space_on``, and its ``search_space`` is that space on one host."""
+
+    @classmethod
+    def search_space(cls, trial: Any, world_size: int, nbytes: int) -> dict[str, Any]:
+        return cls.search_space_on(trial, world_size, nbytes, 1)

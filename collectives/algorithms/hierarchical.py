@@ -52,7 +52,7 @@ from math import prod
 from typing import Any
 
 from ..orders import host_grouped_order
-from .base import Algorithm, Context
+from .base import Context, HostAwareAlgorithm
 from .multiring import (
     CHUNK_BYTES_SCHEMA,
     MODEL_CHUNKS,
@@ -201,7 +201,7 @@ def check_grid_fits_hosts(dims: Sequence[int], hosts: Sequence[int]) -> None:
 
 
 @register
-class Hierarchical(Algorithm):
+class Hierarchical(HostAwareAlgorithm):
     """Reduce-scatter along each grid dimension, then all-gather back; see the module
     docstring."""
 
@@ -326,10 +326,6 @@ class Hierarchical(Algorithm):
         if pieces > 1:
             out["pipeline"] = pieces
         return out
-
-    @classmethod
-    def search_space(cls, trial: Any, world_size: int, nbytes: int) -> dict[str, Any]:
-        return cls.search_space_on(trial, world_size, nbytes, 1)
 
     @classmethod
     def search_space_on(cls, trial: Any, world_size: int, nbytes: int,

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Algorithm, Context
+from .base import Context, HostAwareAlgorithm
 from .multiring import RingSchedule
 from .registry import register
 
@@ -39,7 +39,7 @@ _warned: set[str] = set()
 
 
 @register
-class Native(Algorithm):
+class Native(HostAwareAlgorithm):
     """Delegate to ``transport.native_allreduce``, optionally with the library's algorithm
     ``impl`` and composition ``composition``."""
 
@@ -138,10 +138,6 @@ class Native(Algorithm):
             if lib.compositions:  # a library without any runs its default, warned at run
                 lib.check_composition(comp)  # ValueError naming the library's compositions
         return out
-
-    @classmethod
-    def search_space(cls, trial: Any, world_size: int, nbytes: int) -> dict[str, Any]:
-        return cls.search_space_on(trial, world_size, nbytes, 1)
 
     @classmethod
     def search_space_on(cls, trial: Any, world_size: int, nbytes: int,

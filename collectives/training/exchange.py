@@ -140,13 +140,7 @@ class Exchanger:
         (the order every rank's collectives must follow). ``label`` names the job in a
         ``trace()``."""
         fut: Future[Any] = Future()
-        if self._closed:
-            fut.set_exception(self._closed_error())
-            return fut
-        if self._trace is not None:
-            fn = self._trace.wrap(fn, label)
-        self._jobs.put((fut, fn, args))
-        return fut
+        return self.submit_to(fut, fn, *args, label=label)
 
     def submit_to(self, fut: Any, fn: Callable[..., Any], *args: Any,
                   label: Any = None) -> Any:
