@@ -11,18 +11,17 @@ per bucket, adjacent equal choices merged).
 
 from __future__ import annotations
 
-import datetime
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from collectives import Communicator, __version__
+from collectives import Communicator
 from collectives.bench import busbw, time_allreduce
 from collectives.engines import get_engine
 from collectives.ops import itemsize
 from collectives.plan import Config
-from collectives.profile import FORMAT, VERSION
+from collectives.profile.document import profile_document, utc_now, written_by
 from collectives.registry import fallback_gpu_transport, get_backend
 
 from .objective import timing_for
@@ -336,25 +335,19 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
         for r in rules:
             if r["transport"] == default_transport:
                 del r["transport"]  # the profile's own transport applies
-    record = ran_over.record(described)
-    head: dict[str, Any] = {}
-    lib = ran_over.library(gpu)
-    if lib is not None:
-        head["library"] = lib
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "created": _created(choices),
-        "tool": {"name": "ringtune", "version": __version__},
-        **head,
-        "engine": record,
-        "topology": dict(identity),
-        "backend": "cupy" if gpu else "numpy",
-        "transport": default_transport,
-        "dtype": opts.dtype,
-        "op": opts.op,
-        "rules": rules,
-        "tuning": {
+    # The one profile document builder (collectives.profile.document): the format's name
+    # and version, the header, the key order. No library where the engine has none.
+    return profile_document(
+        **written_by(_created(choices)),
+        library=ran_over.library(gpu),
+        engine=ran_over.record(described),
+        topology=dict(identity),
+        backend="cupy" if gpu else "numpy",
+        transport=default_transport,
+        dtype=opts.dtype,
+        op=opts.op,
+        rules=rules,
+        tuning={
             "trials": sum(s.evaluated for s in summaries),
             "seconds": round(seconds, 1),
             **({"ran": ran} if (ran := _ran(summaries, choices)) else {}),
@@ -370,7 +363,7 @@ def build_profile(identity: Mapping[str, Any], opts: TuneOptions,
             "algorithms": list(algorithms),
             **({"transports": list(opts.transports or [])} if gpu else {}),
         },
-    }
+    )
 
 
 def _created(choices: Sequence[Choice]) -> str:
@@ -379,8 +372,7 @@ def _created(choices: Sequence[Choice]) -> str:
     stamps = [c.measured_at for c in choices if c.measured_at]
     if stamps and len(stamps) == len(choices):
         return max(stamps)
-    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
-    return now.isoformat().replace("+00:00", "Z")
+    return utc_now()
 
 
 def _ran(summaries: Sequence[BucketSummary], choices: Sequence[Choice]) -> str | None:

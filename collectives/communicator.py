@@ -113,7 +113,7 @@ class Communicator(WorldProfile, PlanCache, Failures):
         #: Online tuning (``collectives.online``), ``None`` when off.
         self.online: Any = None
         loaded = self._resolve_profile(profile)
-        if isinstance(loaded, Profile) and "library" in loaded.raw:
+        if isinstance(loaded, Profile) and loaded.library is not None:
             from .natives.base import warn_other_library
 
             warn_other_library(loaded)

@@ -162,9 +162,8 @@ class PlanCache:
         explicit choice, which must be one of the running library's."""
         from .natives import tuned_with
 
-        raw = self.profile.raw or {}
-        lib = raw.get("library") if chosen.source != "explicit" else None
-        return tuned_with(lib.get("name") if isinstance(lib, dict) else None)
+        lib = self.profile.library if chosen.source != "explicit" else None
+        return tuned_with(lib.name if lib is not None else None)
 
     def evict_plan(self, key: Any) -> None:
         """Drop the plan cached under ``key`` (its scratch buffers with it), if any: the

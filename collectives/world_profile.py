@@ -161,11 +161,11 @@ class WorldProfile:
 
     def _mismatch(self, prof: Profile) -> tuple[str, str] | None:
         """``(why prof does not fit this world, what to do)``; ``None`` when it fits."""
-        hosts = prof.topology.get("hosts")
+        hosts = prof.topology.hosts if prof.topology is not None else None
         there = _shape(prof.world_size, hosts)
         here = _shape(self.size, len(set(self.hosts)))
         retune = self.engine.retune_hint(self.size)
-        tuned_on = str(prof.engine.get("name", "mpi"))
+        tuned_on = prof.engine_name
         if tuned_on != self.engine.name:
             # Another engine's choices were measured against another native allreduce
             # (MPI_Allreduce vs gloo's or NCCL's) over other transports: not this job's.

@@ -305,19 +305,18 @@ _warned_library: set[str] = set()
 def warn_other_library(profile: Any) -> str:
     """Warn once per profile when it was tuned with another MPI library or version than
     this job's (peers' tuning goes stale across releases); returns the message or ""."""
-    lib = profile.raw.get("library") if profile.raw else None
-    if not isinstance(lib, dict):
+    lib = profile.library  # the validated record (collectives.profile.records)
+    if lib is None:
         return ""
     name, version = library()
     from ..mpi.mpit import nccl_version
 
-    nccl = nccl_version() if lib.get("nccl") and "cupy" in sys.modules else None
-    if (lib.get("name"), lib.get("version")) == (name, version) and (
-            nccl is None or nccl == lib.get("nccl")):
+    nccl = nccl_version() if lib.nccl and "cupy" in sys.modules else None
+    if (lib.name, lib.version) == (name, version) and (nccl is None or nccl == lib.nccl):
         return ""
-    tuned, here = f"{lib.get('name')} {lib.get('version')}", f"{name} {version}"
+    tuned, here = f"{lib.name} {lib.version}", f"{name} {version}"
     if nccl is not None:
-        tuned, here = f"{tuned}, NCCL {lib.get('nccl')}", f"{here}, NCCL {nccl}"
+        tuned, here = f"{tuned}, NCCL {lib.nccl}", f"{here}, NCCL {nccl}"
     msg = (f"{profile.path}: tuned with {tuned}, this job runs {here}; its choices may be "
            "stale: re-tune with `ringtune tune` on this library")
     if profile.path not in _warned_library:

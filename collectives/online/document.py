@@ -1,21 +1,21 @@
 """The profile document online tuning writes: the loaded profile (or the built-in
 defaults' rules for this shape) with each settled size's winner in force around it
 (``merge_rules``), other rules and shapes kept, and a ``tuning`` header saying
-``mode: online``. Use ``tuned_document(tuner)`` (``OnlineTuner.profile_dict``); ``Settled``
-is what a settled class records.
+``mode: online``, assembled by the one profile document builder
+(``collectives.profile.document``) as ``ringtune tune``'s is. Use ``tuned_document(tuner)``
+(``OnlineTuner.profile_dict``); ``Settled`` is what a settled class records.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import math
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..plan import Config
+from ..profile.document import plain, profile_document, utc_now, written_by
 from .options import OnlineOptions
 from .race import SizeClass
 
@@ -93,14 +93,21 @@ def tuned_document(tuner: TunerState) -> dict[str, Any]:
         section.pop("from_world_size", None)
     settled_sizes = sorted(set(tuner.earlier) | set(winners))
     previous = data.get("tuning")
-    data["created"] = utc_now()
-    data["tool"] = {"name": "ringtune", "version": _version()}
-    # The engine this job ran over, as an offline tune records it: a profile written
-    # under torchrun that said nothing would read as MPI's and be set aside there.
-    data["engine"] = comm.engine.record(comm.engine.describe(comm.comm))
-    if not comm.engine.native_library:
-        data.pop("library", None)  # the MPI library's algorithms were not what ran
-    data["tuning"] = {
+    # The one profile document builder (collectives.profile.document) stamps the header.
+    return profile_document(
+        data, **written_by(utc_now()),
+        # The engine this job ran over, as an offline tune records it: a profile written
+        # under torchrun that said nothing would read as MPI's and be set aside there.
+        engine=comm.engine.record(comm.engine.describe(comm.comm)),
+        # The MPI library's algorithms were not what ran: its record goes.
+        **({} if comm.engine.native_library else {"library": None}),
+        tuning=_tuning_header(tuner, prof, winners, settled_sizes, previous))
+
+
+def _tuning_header(tuner: TunerState, prof: Any, winners: Mapping[int, Settled],
+                   settled_sizes: list[int], previous: Any) -> dict[str, Any]:
+    """The ``tuning`` header of an online job's document (``mode: online``)."""
+    return {
         "mode": "online",
         "job": tuner.job,
         "started": tuner.started_utc,
@@ -113,7 +120,7 @@ def tuned_document(tuner: TunerState) -> dict[str, Any]:
         "online_settled": settled_sizes,
         "classes": [
             {"bytes": nb, "algorithm": st.config.algorithm,
-             "params": _plain(dict(st.config.params)), "calls": st.calls,
+             "params": plain(dict(st.config.params)), "calls": st.calls,
              "reason": st.reason,
              **({"time_us": round(st.time_us, 3)} if st.time_us is not None else {}),
              **({"incumbent_us": round(st.incumbent_us, 3)}
@@ -121,13 +128,6 @@ def tuned_document(tuner: TunerState) -> dict[str, Any]:
             for nb, st in sorted(winners.items())],
         **({"previous": previous} if isinstance(previous, Mapping) else {}),
     }
-    return data
-
-
-def utc_now() -> str:
-    """Now, in UTC, to the second (``2026-12-06T05:55:12Z``): the header's times."""
-    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(
-    ).replace("+00:00", "Z")
 
 
 def itemsize(dtype: Any) -> int:
@@ -137,27 +137,12 @@ def itemsize(dtype: Any) -> int:
     return int(np.dtype(dtype).itemsize) if str(dtype) != "bfloat16" else 2
 
 
-def _plain(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj
-
-
-def _version() -> str:
-    # The package's version, read from the package already imported (importing it here
-    # would make a cycle: the package imports the communicator, which imports this).
-    return str(getattr(sys.modules.get("collectives"), "__version__", "unknown"))
-
-
-
 def _rule_body(st: Settled, nbytes: int, world: int, implied: set[str],
                ) -> dict[str, Any]:
     from ..ops import busbw
 
     body: dict[str, Any] = {"algorithm": st.config.algorithm,
-                            "params": _plain(dict(st.config.params))}
+                            "params": plain(dict(st.config.params))}
     if st.config.transport and st.config.transport not in implied:
         body["transport"] = st.config.transport
     if st.time_us:
@@ -253,7 +238,7 @@ def _base_document(comm: Any) -> dict[str, Any]:
                     (s.get("topology") or {}).get("world_size") == comm.size
                     for s in data.get("shapes") or [] if isinstance(s, Mapping)):
                 return data
-        data = copy.deepcopy(_plain(dict(prof.raw)))
+        data = copy.deepcopy(plain(dict(prof.document)))
         data.pop("shapes", None)
         return data
     topo: dict[str, Any] = {"world_size": comm.size}
@@ -272,11 +257,10 @@ def _base_document(comm: Any) -> dict[str, Any]:
 
     # A test-only transport (the in-process ``inproc``) is no profile's: written as mpi.
     transport = prof.transport if prof.transport in user_transport_names() else "mpi"
-    data = {"format": "ringtune-profile", "version": 1, "topology": topo,
-            "backend": prof.backend, "transport": transport,
-            "dtype": prof.dtype, "op": prof.op,
-            "rules": [r.to_dict() for r in prof.rules]}
+    library = None
     if comm.engine.native_library:
         with contextlib.suppress(Exception):
-            data["library"] = comm.engine.library()
-    return data
+            library = comm.engine.library()
+    return profile_document(topology=topo, backend=prof.backend, transport=transport,
+                            dtype=prof.dtype, op=prof.op,
+                            rules=[r.to_dict() for r in prof.rules], library=library)

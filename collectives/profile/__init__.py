@@ -10,8 +10,9 @@ Schema in ``profiles/schema/`` describes the same shape for editors and CI.
 The package holds the profile file and everything about its format: this module (loading,
 checking, rule selection, writing), ``constants`` (name, version, caps; light, read by
 ``import collectives``), ``records`` (the file's declared records, imported on the first
-load), ``shapes`` (one section per job shape in one file) and ``schema`` (the JSON Schema
-generated from the records and the registries).
+load), ``shapes`` (one section per job shape in one file), ``schema`` (the JSON Schema
+generated from the records and the registries) and ``document`` (the one builder of the
+mapping every profile is written from: ``ringtune tune``'s, online tuning's, ``to_dict``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import ProfileError
 from ..plumbing.atomic import write_text_atomic
@@ -35,6 +36,10 @@ from .constants import MAX_RULES as MAX_RULES
 from .constants import PROFILE_DTYPES as PROFILE_DTYPES
 from .constants import PROFILE_OPS as PROFILE_OPS
 from .constants import VERSION as VERSION
+from .document import ordered, plain, profile_document
+
+if TYPE_CHECKING:
+    from .records import EngineRecord, LibraryRecord, ProfileRecord, TopologyRecord
 
 #: The key lists of each record, derived from ``collectives.profile.records`` (imported only when
 #: asked: the declarations import ``probes``, which ``import collectives`` must not).
@@ -56,10 +61,6 @@ def __getattr__(name: str) -> Any:
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
 _PLAIN_DEPTH = 32
 
-#: Key order of written files (people read them).
-_KEY_ORDER = ("format", "version", "created", "tool", "library", "engine", "topology",
-              "backend", "transport", "dtype", "op", "rules", "fusion", "tuning", "extra")
-
 
 @dataclass(frozen=True)
 class Rule:
@@ -77,18 +78,22 @@ class Rule:
             "min_bytes": self.min_bytes,
             "max_bytes": self.max_bytes,
             "algorithm": self.algorithm,
-            "params": _plain(dict(self.params)),
+            "params": plain(dict(self.params)),
         }
         if self.transport:
             out["transport"] = self.transport
         if self.measured:
-            out["measured"] = _plain(dict(self.measured))
+            out["measured"] = plain(dict(self.measured))
         return out
 
 
 @dataclass(frozen=True)
 class Profile:
-    """A validated profile (see docs/design.md "Profile format")."""
+    """A validated profile (see docs/design.md "Profile format"): the rules the runtime
+    follows, and ``record``, the ``ProfileRecord`` its file was checked as, which is what
+    the runtime reads of the rest (``topology``, ``engine``, ``library``, ``tuning``,
+    ``fusion_bucket_bytes``). ``document`` is the file's data as read: what ``to_dict``
+    writes back and ``sha256`` hashes, never read for a setting."""
 
     rules: tuple[Rule, ...]
     backend: str = "numpy"
@@ -98,7 +103,7 @@ class Profile:
     fingerprint: str | None = None
     world_size: int | None = None
     path: str | None = None
-    raw: Mapping[str, Any] = field(default_factory=dict)
+    document: Mapping[str, Any] = field(default_factory=dict)
     builtin: bool = False
     #: Which section of a several-shape profile this is (``collectives.profile.shapes``), or "".
     section: str = ""
@@ -107,6 +112,9 @@ class Profile:
     #: this digest and compute the content hash (``sha256``)
     #: only when their files differ byte for byte (``Communicator`` construction).
     source_digest: str | None = field(default=None, compare=False)
+    #: The validated ``ProfileRecord`` (``collectives.profile.records``) of ``document``;
+    #: ``None`` for built-in defaults and hand-made profiles.
+    record: ProfileRecord | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_starts", [r.min_bytes for r in self.rules])
@@ -119,49 +127,58 @@ class Profile:
     @property
     def sha256(self) -> str:
         """Hash of the profile's content, what ranks compare at construction: SHA-256 of
-        its data (``raw``: every key, the rules as read) as compact JSON with the keys
-        sorted, so equal for equal content whatever the file's key order, layout,
+        its data (``document``: every key, the rules as read) as compact JSON with the
+        keys sorted, so equal for equal content whatever the file's key order, layout,
         comments or quoting, and different when any value, key or type differs."""
-        data = json.dumps(self.raw or {"builtin": [r.__dict__ for r in self.rules]},
+        data = json.dumps(self.document or {"builtin": [r.__dict__ for r in self.rules]},
                           sort_keys=True, default=str, separators=(",", ":"),
                           check_circular=False)
         return hashlib.sha256(data.encode()).hexdigest()
 
     @property
-    def topology(self) -> Mapping[str, Any]:
-        """The profile's ``topology`` record (empty for built-in defaults)."""
-        topo = self.raw.get("topology") if self.raw else None
-        return topo if isinstance(topo, Mapping) else {}
+    def topology(self) -> TopologyRecord | None:
+        """The ``topology`` record the profile was tuned on (``None``: built-in defaults)."""
+        return self.record.topology if self.record is not None else None
 
     @property
-    def engine(self) -> Mapping[str, Any]:
-        """The ``engine`` record: ``{"name": "mpi"|"torch", "backend": …}`` (``{"name":
-        "mpi"}`` for a profile written before engines were recorded)."""
-        rec = self.raw.get("engine") if self.raw else None
-        return rec if isinstance(rec, Mapping) else {"name": "mpi"}
+    def engine(self) -> EngineRecord | None:
+        """The ``engine`` record (``None``: built-in defaults, or a profile written before
+        engines were recorded, which was tuned over MPI)."""
+        return self.record.engine if self.record is not None else None
+
+    @property
+    def engine_name(self) -> str:
+        """The engine the profile was tuned over: ``mpi`` where it records none."""
+        return self.engine.name if self.engine is not None else "mpi"
+
+    @property
+    def library(self) -> LibraryRecord | None:
+        """The MPI library (and NCCL) the profile was tuned with, where it records one."""
+        return self.record.library if self.record is not None else None
 
     @property
     def tuning(self) -> Mapping[str, Any]:
-        tun = self.raw.get("tuning") if self.raw else None
-        return tun if isinstance(tun, Mapping) else {}
+        """The ``tuning`` header (free-form: how the rules were found), empty if none."""
+        tuning = self.record.tuning if self.record is not None else None
+        return tuning or {}
 
     @property
     def fusion_bucket_bytes(self) -> int | None:
         """The tuned bucket size of ``allreduce_many`` (``fusion.bucket_bytes``), if any."""
-        fus = self.raw.get("fusion") if self.raw else None
-        return fus.get("bucket_bytes") if isinstance(fus, Mapping) else None
+        fusion = self.record.fusion if self.record is not None else None
+        return fusion.bucket_bytes if fusion is not None else None
 
     def to_dict(self) -> dict[str, Any]:
-        """The profile as the plain mapping that is written to YAML."""
-        out: dict[str, Any] = dict(self.raw) if self.raw else {
-            "format": FORMAT, "version": VERSION,
-            "topology": {"world_size": self.world_size or 1},
-        }
-        if self.fingerprint and isinstance(out.get("topology"), Mapping):
-            out["topology"] = dict(out["topology"], fingerprint=self.fingerprint)
-        out.update(backend=self.backend, transport=self.transport, dtype=self.dtype,
-                   op=self.op, rules=[r.to_dict() for r in self.rules])
-        return _ordered(out)
+        """The profile as the plain mapping that is written to YAML: its ``document``
+        (new for built-in defaults) with this profile's settings and rules, built by the
+        one profile document builder (``collectives.profile.document``)."""
+        base = self.document or None
+        topology = dict(base["topology"]) if base else {"world_size": self.world_size or 1}
+        if self.fingerprint:
+            topology["fingerprint"] = self.fingerprint
+        return profile_document(base, topology=topology, backend=self.backend,
+                                transport=self.transport, dtype=self.dtype, op=self.op,
+                                rules=[r.to_dict() for r in self.rules])
 
 
 #: The built-in defaults' shared-memory range on ranks of one host, per engine: under MPI
@@ -246,11 +263,12 @@ def profile_from_dict(data: Any, name: str = "<profile>",
     """Validate a profile mapping (as parsed from YAML) and build the ``Profile``.
 
     Errors read ``NAME: KEY.PATH: what is wrong, got VALUE``. First every key is checked as
-    ``ProfileRecord`` declares it (``safefiles.records``), then what a declaration cannot say:
-    the shape's product, the world size, registered names, contiguous rules and each
+    ``ProfileRecord`` declares it, with each record's own checks across its fields
+    (``safefiles.records``; the topology's shape among them), then what needs the
+    registries: the world size asked for, registered names, contiguous rules and each
     algorithm's own checks of its params. ``copy=False``: ``data`` is fresh plain data from
-    ``safefiles.safeload`` that nothing else holds; it becomes the profile's ``raw`` as it is
-    (copying an aliased tree expands it).
+    ``safefiles.safeload`` that nothing else holds; it becomes the profile's ``document``
+    as it is (copying an aliased tree expands it).
     """
     from .shapes import pick
 
@@ -276,15 +294,6 @@ def profile_from_dict(data: Any, name: str = "<profile>",
         raise ProfileError(f"{name}: {exc}") from None
     topo = rec.topology
     ws = topo.world_size
-    for key in ("hosts", "ranks_per_host"):
-        count = getattr(topo, key)
-        if count is not None and count > ws:
-            _fail(name, f"topology.{key}", f"{count} is more than the world size {ws}")
-    if topo.hosts is not None and topo.ranks_per_host is not None and \
-            topo.hosts * topo.ranks_per_host != ws:
-        _fail(name, "topology.ranks_per_host", f"{topo.hosts} hosts x {topo.ranks_per_host} "
-              f"ranks per host is not the world size {ws}; give the job's real shape (or "
-              "leave hosts and ranks_per_host out)")
     if world_size is None and "shapes" in data:
         from .shapes import check
 
@@ -309,8 +318,8 @@ def profile_from_dict(data: Any, name: str = "<profile>",
         rules = _rules(name, rec.rules, data["rules"], ws, backend)
     return Profile(rules=rules, backend=backend, transport=transport, dtype=rec.dtype,
                    op=rec.op, fingerprint=topo.fingerprint, world_size=ws, path=name,
-                   raw=_plain(dict(data)) if copy else data, builtin=False,
-                   section=section)
+                   document=plain(dict(data)) if copy else data, builtin=False,
+                   section=section, record=rec)
 
 
 def _fail(name: str, key: str, message: str) -> NoReturn:
@@ -445,23 +454,6 @@ def _check_plain(name: str, value: Any, key: str) -> None:
         todo.extend((x, w, depth + 1) for x, w in children)
 
 
-def _plain(obj: Any) -> Any:
-    """Plain YAML/JSON types (tuples → lists, numpy scalars → Python numbers)."""
-    if isinstance(obj, Mapping):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(x) for x in obj]
-    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
-        return obj.item()
-    return obj
-
-
-def _ordered(data: Mapping[str, Any]) -> dict[str, Any]:
-    out = {k: data[k] for k in _KEY_ORDER if k in data}
-    out.update((k, v) for k, v in data.items() if k not in out)
-    return out
-
-
 # -- writing -------------------------------------------------------------------------------
 
 
@@ -470,7 +462,7 @@ def dump_profile(profile_or_dict: Profile | Mapping[str, Any]) -> str:
     import yaml
 
     data = (profile_or_dict.to_dict() if isinstance(profile_or_dict, Profile)
-            else _ordered(_plain(dict(profile_or_dict))))
+            else ordered(plain(dict(profile_or_dict))))
     profile_from_dict(data, "<profile being written>")
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=99,
                           allow_unicode=True)

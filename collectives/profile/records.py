@@ -1,8 +1,10 @@
 """The profile file's records, declared once (docs/profile-format.md "How files are checked").
 
 ``safefiles.records`` checks a file against these (``collectives.profile.profile_from_dict``)
-and ``collectives.profile.schema`` writes the JSON Schema from them; what a declaration cannot say
-is checked in ``profile_from_dict`` after. Not imported by ``import collectives`` (the
+and ``collectives.profile.schema`` writes the JSON Schema from them; a check across a
+record's fields is its ``__check__``; only what needs the registries (names, each
+algorithm's checks of its params, contiguous rules) is checked in ``profile_from_dict``
+after. Not imported by ``import collectives`` (the
 declarations import ``probes``): the loader imports it when it first reads a profile.
 """
 
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from probes.topology import fingerprint_field
-from safefiles.records import declare, optional_keys, required_keys
+from safefiles.records import RecordError, declare, key_path, optional_keys, required_keys
 
 from .constants import (
     FORMAT,
@@ -71,6 +73,21 @@ class TopologyRecord:
     hosts: int | None = declare(None, null=False, ge=1, le=MAX_WORLD_SIZE)
     ranks_per_host: int | None = declare(None, null=False, ge=1, le=MAX_WORLD_SIZE)
     summary: str | None = declare(None, null=False)
+
+    def __check__(self, where: str) -> None:
+        """``hosts`` and ``ranks_per_host`` at most the world size, and their product it."""
+        ws = self.world_size
+        for key in ("hosts", "ranks_per_host"):
+            count = getattr(self, key)
+            if count is not None and count > ws:
+                raise RecordError(key_path(where, key),
+                                  f"{count} is more than the world size {ws}")
+        if self.hosts is not None and self.ranks_per_host is not None and \
+                self.hosts * self.ranks_per_host != ws:
+            raise RecordError(key_path(where, "ranks_per_host"),
+                              f"{self.hosts} hosts x {self.ranks_per_host} ranks per host is "
+                              f"not the world size {ws}; give the job's real shape (or leave "
+                              "hosts and ranks_per_host out)")
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--format {args.format!r}: unknown; use one of {', '.join(FORMATS)}")
     shapes = [(prof, plan(prof))]  # the main shape must have something to export
     _check_library(args, prof, shapes[0][1])
-    for w in sorted(set(tuned_sizes(prof.raw)) - {prof.world_size}):
+    for w in sorted(set(tuned_sizes(prof.document)) - {prof.world_size}):
         sec = load_profile(args.profile, world_size=w)
         try:
             shapes.append((sec, plan(sec)))

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
 
     # A ProfileError is a ValueError: the CLI reports it as bad input (exit 2).
     prof = load_profile(args.profile)
-    data = dict(prof.raw)
+    data = dict(prof.document)  # the file as written: what is shown
     print(profile_heading(data, args.profile))
     fp = (data.get("topology") or {}).get("fingerprint")
     if fp:

@@ -31,9 +31,7 @@ def format_of(profile: Profile) -> str:
     from collectives.natives import for_name
     from ringtune.errors import UsageError
 
-    raw = profile.raw or {}
-    lib = raw.get("library") if isinstance(raw, dict) else None
-    name = str(lib.get("name", "")) if isinstance(lib, dict) else ""
+    name = profile.library.name if profile.library is not None else ""
     fmt = for_name(name).export_format if name else ""
     if not fmt:
         why = (f"it was tuned with {name}, which has no tuning file ringtune writes" if name
@@ -80,7 +78,7 @@ def plan(profile: Profile) -> list[Segment]:
                                busbw, rule.algorithm, dict(rule.params),
                                str(rule.params.get("composition", DEFAULT))))
             continue
-        entries = sorted(_native_entries(profile, i), key=lambda e: e["bytes"])
+        entries = sorted(_native_entries(profile, i), key=lambda e: e.bytes)
         if not entries:
             out.append(Segment(rule.min_bytes, rule.max_bytes, DEFAULT, i, source,
                                f"{source} has no native equivalent and no native "
@@ -92,19 +90,18 @@ def plan(profile: Profile) -> list[Segment]:
         for k, e in enumerate(entries):
             if k + 1 < len(entries):
                 # Split at the geometric midpoint of two measured buckets (as rules are).
-                cut = max(lo, int(math.sqrt(e["bytes"] * entries[k + 1]["bytes"])) - 1)
+                cut = max(lo, int(math.sqrt(e.bytes * entries[k + 1].bytes)) - 1)
                 hi: int | None = cut if rule.max_bytes is None else min(cut, rule.max_bytes)
             else:
                 hi = rule.max_bytes
-            what = ("the library's own selection" if e["impl"] == DEFAULT
-                    else f"its {e['impl']}")
+            what = ("the library's own selection" if e.impl == DEFAULT else f"its {e.impl}")
             note = (f"{source} has no native equivalent: exported the best native "
-                    f"candidate measured at {e['bytes']} B, {what} "
-                    f"({e['busbw_gbps']:g} GB/s vs {source}'s "
+                    f"candidate measured at {e.bytes} B, {what} "
+                    f"({e.busbw_gbps:g} GB/s vs {source}'s "
                     f"{(rule.measured or {}).get('busbw_gbps', 'n/a')} GB/s)")
-            out.append(Segment(lo, hi, str(e["impl"]), i, source, note,
-                               float(e["busbw_gbps"]), rule.algorithm, dict(rule.params),
-                               str(e.get("composition", DEFAULT))))
+            out.append(Segment(lo, hi, e.impl, i, source, note,
+                               float(e.busbw_gbps), rule.algorithm, dict(rule.params),
+                               e.composition or DEFAULT))
             if hi is None:
                 break
             lo = hi + 1
@@ -133,16 +130,13 @@ def merged(segments: Sequence[Segment]) -> list[Segment]:
     return out
 
 
-def _native_entries(profile: Profile, i: int) -> list[dict[str, Any]]:
-    rules = profile.raw.get("rules") if profile.raw else None
-    if not isinstance(rules, list) or i >= len(rules):
-        return []
-    value = rules[i].get("native") or []
-    return [dict(e) for e in value]
+def _native_entries(profile: Profile, i: int) -> list[Any]:
+    """Rule ``i``'s ``native`` entries (``NativeRecord``s of the validated profile)."""
+    rules = profile.record.rules if profile.record is not None else ()
+    return list(rules[i].native or ()) if i < len(rules) else []
 
 
 def shape(profile: Profile) -> tuple[int | None, int]:
     """(hosts, world size) the profile was tuned for (hosts None when unknown)."""
-    topo = profile.topology
-    hosts = topo.get("hosts")
-    return (int(hosts) if isinstance(hosts, int) else None), int(profile.world_size or 1)
+    hosts = profile.topology.hosts if profile.topology is not None else None
+    return hosts, int(profile.world_size or 1)

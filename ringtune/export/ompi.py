@@ -66,9 +66,9 @@ def target(profile: Profile) -> tuple[str, bool]:
     """(Open MPI version, tuned with Open MPI): the profile's library where it is an Open
     MPI, else the installed library where it is one (loaded without starting MPI), else
     ``DEFAULT_VERSION``."""
-    lib = profile.raw.get("library") if profile.raw else None
-    if isinstance(lib, dict) and lib.get("name") == LIBRARY:
-        return str(lib.get("version", DEFAULT_VERSION)), True
+    lib = profile.library
+    if lib is not None and lib.name == LIBRARY:
+        return lib.version, True
     return installed_version() or DEFAULT_VERSION, False
 
 

@@ -34,13 +34,13 @@ def test_shapes_in_one_run(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     main = load_profile(out, world_size=3)
     assert main.section == "the 3-rank section (main shape)"
-    assert main.raw["library"]["name"]
+    assert main.library is not None and main.library.name
     one = load_profile(out, world_size=1)
     assert one.section == "the tuned 1-rank section"
     two = load_profile(out, world_size=2)
     assert "predicted by the cost model" in two.section
-    assert two.raw["topology"]["world_size"] == 2 and two.rules[-1].max_bytes is None
-    assert main.raw["tuning"]["shapes"] == [1, 3]
+    assert two.world_size == 2 and two.rules[-1].max_bytes is None
+    assert main.tuning["shapes"] == [1, 3]
 
 
 def test_shape_larger_than_the_allocation(tmp_path: Path) -> None:

@@ -47,6 +47,5 @@ def test_tune_backend_cupy_end_to_end(tmp_path: Any) -> None:
     assert prof.transport in local
     for rule in prof.rules:
         assert rule.transport in (None, *local)
-    raw = prof.raw or {}
-    assert raw["tuning"]["transports"] and set(raw["tuning"]["transports"]) <= set(local)
-    assert "-cupy." in raw["tuning"]["study"]
+    assert prof.tuning["transports"] and set(prof.tuning["transports"]) <= set(local)
+    assert "-cupy." in prof.tuning["study"]

@@ -93,8 +93,9 @@ def test_tune_records_engine_and_other_engine_sets_it_aside(tmp_path: Path) -> N
     from collectives.profile import load_profile
 
     prof = load_profile(str(out))
-    assert prof.engine["name"] == "torch" and prof.engine["backend"] == "gloo"
-    assert prof.engine.get("version")
+    assert prof.engine is not None
+    assert prof.engine.name == "torch" and prof.engine.backend == "gloo"
+    assert prof.engine.version
     assert prof.transport == "torch"
     # Loaded under MPI: warned once and set aside for the built-in defaults.
     mpiexec = shutil.which("mpiexec", path=str(BIN))

@@ -95,8 +95,8 @@ def _check_profile(prof: Any) -> None:
     assert len(prof.sha256) == 64
     again = profile_from_dict(parse_text(dump_profile(prof), "<again>"), "<again>")
     assert again.rules == prof.rules
-    rule_table(dict(prof.raw))
-    profile_heading(dict(prof.raw), prof.path)
+    rule_table(dict(prof.document))
+    profile_heading(dict(prof.document), prof.path)
 
 
 def _check_topology(topo: Topology) -> None:

@@ -292,7 +292,7 @@ def test_write_round_trip(tmp_path: Any) -> None:
     path = str(tmp_path / "out.yaml")
     write_profile(base(), path)
     prof = load_profile(path)
-    assert dict(prof.raw) == base()
+    assert dict(prof.document) == base()
     # A Profile object writes back to the same content.
     path2 = str(tmp_path / "out2.yaml")
     write_profile(prof, path2)

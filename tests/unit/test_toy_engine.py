@@ -119,4 +119,4 @@ def test_online_tuning_records_the_engine(toy: Any) -> None:
     doc = inproc.run_ranks(n, body)[0]
     assert doc["engine"] == {"name": "toy", "backend": "threads", "version": "0.1"}
     assert "library" not in doc  # no MPI library's allreduce was measured against
-    assert profile_from_dict(doc, "<online>").engine["name"] == "toy"
+    assert profile_from_dict(doc, "<online>").engine_name == "toy"
