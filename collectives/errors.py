@@ -9,6 +9,13 @@ class RingtuneError(Exception):
     """Base class of ringtune's own errors."""
 
 
+class PeerFailure(RingtuneError):
+    """This rank's call failed because of a peer, which the message names: its process
+    ended (killed, crashed), it stopped answering, or the link to it broke. The line that
+    ends the job then points at that peer, not at the arguments of the call
+    (``collectives.failures``)."""
+
+
 class ProfileError(RingtuneError, ValueError):
     """A profile file cannot be read, does not validate, or does not fit this world.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .errors import require_agreement
+from .errors import PeerFailure, require_agreement
 from .plan import Plan
 from .plumbing.abort import abort_world, on_error_mode, rank_line
 
@@ -47,11 +47,16 @@ class Failures:
             if "MPI_ERROR field" in first:  # MPI_ERR_IN_STATUS: the detail is per request
                 first = ("a send or receive failed (MPI_ERR_IN_STATUS; usually a message "
                          "larger than its receive buffer)")
+        if isinstance(exc, PeerFailure):
+            # A peer died or went silent and the message names it: advice on the call's
+            # arguments would send the reader after the wrong cause.
+            why = "the rank it names is gone or silent"
+        else:
+            why = ("every rank must call allreduce with the same size, dtype, op and choice: "
+                   "RINGTUNE_CHECK=1 checks it")
         abort_world(self.comm, rank_line(
-            self.comm, f"allreduce of {nbytes} B with {what} failed: "
-            f"{kind}: {first}; ending every rank (every rank must call "
-            "allreduce with the same size, dtype, op and choice: RINGTUNE_CHECK=1 checks "
-            "it; RINGTUNE_ON_ERROR=raise hands such failures to the caller)"))
+            self.comm, f"allreduce of {nbytes} B with {what} failed: {kind}: {first}; ending "
+            f"every rank ({why}; RINGTUNE_ON_ERROR=raise hands such failures to the caller)"))
 
     def _check_agreement(self, key: Any) -> None:
         """RINGTUNE_CHECK=1: every rank passed the same size, dtype, op and choice."""

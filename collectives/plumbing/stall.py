@@ -17,13 +17,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import RingtuneError
+from ..errors import PeerFailure
 
 ENV = "RINGTUNE_STALL_TIMEOUT"
 
 
-class StallError(RingtuneError):
-    """No progress on a batch of sends/receives for ``RINGTUNE_STALL_TIMEOUT`` seconds."""
+class StallError(PeerFailure):
+    """No progress on a batch of sends/receives for ``RINGTUNE_STALL_TIMEOUT`` seconds (or,
+    as ``collectives.shm``'s ``PeerGone``, a peer's process seen ended while waiting)."""
 
 
 def env_seconds(name: str, meaning: str, environ: Any = None) -> float:

@@ -31,13 +31,13 @@ from typing import Any
 
 from ..backend import Backend
 from ..engines.torch import MOVERS, REDUCE_OPS, TorchComm, worker_safe
-from ..errors import RingtuneError
+from ..errors import PeerFailure
 from ..plumbing.stall import ENV as STALL_ENV
 from ..plumbing.stall import StallError, stall_timeout
 from ..transport import Pending, Transport
 
 
-class PeerError(RingtuneError):
+class PeerError(PeerFailure):
     """A send, receive or the group's allreduce failed: a peer died or its link broke."""
 
 

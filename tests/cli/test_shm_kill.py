@@ -26,6 +26,56 @@ def segments() -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith("ringtune-")}
 
 
+_MAPS = re.compile(r"rank \d+ \(pid (\d+)\): maps in /dev/shm: ")
+
+
+def job_report(out: str) -> tuple[set[str], set[str]]:
+    """The pids of the job's ranks and the /dev/shm files they map, as
+    ``shm_killed_job.py`` prints them (a launcher may run two ranks' lines together)."""
+    pids: set[str] = set()
+    files: set[str] = set()
+    for m in _MAPS.finditer(out):
+        pids.add(m.group(1))
+        rest = out[m.end():].split("\n", 1)[0]
+        following = _MAPS.search(rest)
+        rest = rest[:following.start()] if following else rest
+        files.update(name.split(" (deleted)")[0].strip() for name in rest.split(" | "))
+    assert len(pids) == 3, out[-3000:]
+    return pids, files - {""}
+
+
+def left_by_the_job(out: str, before: set[str]) -> list[str]:
+    """ringtune segments new since ``before`` that the job's ranks created (a segment's
+    name holds its creator's pid): other jobs may come and go in /dev/shm meanwhile, and a
+    concurrent test's segment is not this job's leak."""
+    pids = job_report(out)[0]
+    return sorted(s for s in segments() - before if any(f"-{p}-" in s for p in pids))
+
+
+#: A known gap, not this test's to hide: a survivor whose single-copy access (Linux CMA)
+#: meets rank 1 while it is being killed reports the system call's own error (ESRCH) with
+#: the advice on the call's arguments, not rank 1: ``collectives/algorithms/shm.py`` names a
+#: peer gone after a failed access only once ``process_alive`` says so, and a process being
+#: killed still reads as alive for a moment after its memory is gone. Seen in about 2 of 5
+#: Open MPI runs, 1 of 3 under MPICH.
+CMA_RACE = "CmaError: [Errno 3] process_vm_"
+
+
+def check_named(out: str) -> None:
+    """Whatever a survivor said (``ringtune: stall:`` and the line that ends the job)
+    names the dead rank 1, as the cause rather than the call's arguments. Call it after
+    the /dev/shm checks: the known gap above is an expected failure."""
+    for line in out.splitlines():
+        if line.startswith("ringtune: stall:"):
+            assert re.search(r"rank 1 \(pid \d+\) ended", line), line
+        if line.startswith("ringtune: rank ") and " failed: " in line:
+            if CMA_RACE in line:
+                pytest.xfail(f"a single-copy access met the dying rank: not named ({line})")
+            assert re.search(r"rank 1 \(pid \d+\) ended", line), line
+            assert "the rank it names is gone or silent" in line, line
+            assert "same size" not in line, line
+
+
 def test_a_killed_rank_ends_the_job_and_nothing_is_left_in_dev_shm() -> None:
     """Hydra ends the survivors itself when a rank dies by a signal (even with
     ``-disable-auto-cleanup``, seen with MPICH 5.0), often before they can print: that
@@ -41,11 +91,8 @@ def test_a_killed_rank_ends_the_job_and_nothing_is_left_in_dev_shm() -> None:
     assert proc.returncode != 0, out[-3000:]
     assert "went unnoticed" not in out, out[-3000:]
     assert out.count("first allreduce done") == 3, out[-3000:]  # the segment was in use
-    # Whatever a survivor managed to say names the dead rank.
-    for line in out.splitlines():
-        if line.startswith("ringtune: stall:"):
-            assert re.search(r"rank 1 \(pid \d+\) ended", line), line
-    assert segments() <= before, f"left in /dev/shm: {sorted(segments() - before)}"
+    assert not left_by_the_job(out, before), f"left in /dev/shm: {left_by_the_job(out, before)}"
+    check_named(out)  # whatever a survivor managed to say
 
 
 def test_beside_a_hog_on_every_core_results_stay_right() -> None:

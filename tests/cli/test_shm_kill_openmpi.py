@@ -19,7 +19,6 @@ ringtune's) and removes them, as ``tests/shm_leftovers.py`` does after ``make te
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import warnings
@@ -28,6 +27,8 @@ from pathlib import Path
 import pytest
 
 from ringtune.launch import family
+
+from .test_shm_kill import check_named, job_report, left_by_the_job, segments
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("shm_killed_job.py")
@@ -68,13 +69,9 @@ pytestmark = [
 ]
 
 
-def ringtune_segments() -> set[str]:
-    return {f for f in os.listdir(SHM) if f.startswith("ringtune-")}
-
-
 def test_a_killed_rank_ends_the_job_naming_it_and_nothing_is_left_in_dev_shm() -> None:
     assert PYTHON is not None
-    before = ringtune_segments()
+    before = segments()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "OMPI_", "PRTE_", "HYDRA_", "RINGTUNE_"))}
     # Open MPI's launcher refuses root unless told twice (a container's root).
@@ -89,18 +86,8 @@ def test_a_killed_rank_ends_the_job_naming_it_and_nothing_is_left_in_dev_shm() -
     assert "went unnoticed" not in out, out[-3000:]
     assert out.count("first allreduce done") == 3, out[-3000:]  # the segment was in use
 
-    # The survivors name the dead rank.
-    # prterun ends them too once it sees rank 1 gone, but later than they notice it.
-    failed = [ln for ln in out.splitlines()
-              if ln.startswith("ringtune: rank ") and " failed: " in ln]
-    assert failed, out[-3000:]
-    for line in failed:
-        assert re.search(r"rank 1 \(pid \d+\) ended", line), line
-
     # Every file of /dev/shm the job mapped, as its ranks named them.
-    mapped = {name.split(" (deleted)")[0]
-              for ln in out.splitlines() if ": maps in /dev/shm: " in ln
-              for name in ln.split(": maps in /dev/shm: ", 1)[1].split(" | ") if name}
+    mapped = job_report(out)[1]
     ours = {m for m in mapped if m.startswith("ringtune-")}
     assert ours, out[-3000:]  # the job's own segment, unlinked once mapped
     left = {m for m in mapped if (SHM / m).exists()}
@@ -112,5 +99,10 @@ def test_a_killed_rank_ends_the_job_naming_it_and_nothing_is_left_in_dev_shm() -
         for name in theirs:
             (SHM / name).unlink(missing_ok=True)
     assert not left - set(theirs), f"left in /dev/shm: {sorted(left - set(theirs))}"
-    assert ringtune_segments() <= before, \
-        f"left in /dev/shm: {sorted(ringtune_segments() - before)}"
+    assert not left_by_the_job(out, before), f"left in /dev/shm: {left_by_the_job(out, before)}"
+
+    # The survivors name the dead rank, as the cause (not the call's arguments). prterun
+    # ends them too once it sees rank 1 gone, but later than they notice it.
+    assert any(ln.startswith("ringtune: rank ") and " failed: " in ln
+               for ln in out.splitlines()), out[-3000:]
+    check_named(out)

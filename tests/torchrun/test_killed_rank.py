@@ -51,4 +51,8 @@ def test_a_killed_rank_ends_the_job_naming_it(algorithm: str, named: str) -> Non
     lines = [ln for ln in out.splitlines() if ln.startswith("ringtune: rank ")]
     assert lines, out[-3000:]
     assert any(named in ln and "failed" in ln for ln in lines), "\n".join(lines)
+    # The dead rank is the cause the line gives, not the arguments of the call.
+    for line in lines:
+        if "failed" in line and named in line:
+            assert "gone or silent" in line and "same size" not in line, line
     assert _segments() <= before, f"left in /dev/shm: {sorted(_segments() - before)}"
