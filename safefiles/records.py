@@ -28,8 +28,9 @@ Two class attributes extend a declaration where a field alone cannot say it:
   description names them.
 
 The names a registry knows (``declare(names=...)``: the schema lists them, the loader asks
-the registry) and the profile's rule checks stay functions of their module
-(``collectives.profile``), run after this pass.
+the registry) and each algorithm's checks of a rule's params stay functions of their
+module (``collectives.profile``), run after this pass; the rules' ranges are the profile
+record's own ``__check__``.
 
 One rule holds for every number of every record: finite, and without declared bounds
 ``0 ≤ n ≤ 2⁶³−1`` (counts, sizes, indexes, rates and times are never negative; a larger

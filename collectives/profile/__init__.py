@@ -336,36 +336,17 @@ def _named(name: str, key: str, value: str, names: Sequence[str]) -> str:
 
 def _rules(name: str, records: tuple[Any, ...], raw: Sequence[Mapping[str, Any]],
            world_size: int, backend: str) -> tuple[Rule, ...]:
-    """The rules, each checked as the runtime will use it (its keys passed their declared
-    checks already): sorted, contiguous ranges, a registered algorithm whose own checks pass
-    its params for this world size, and a transport that moves this profile's buffers."""
+    """The rules, each checked as the runtime will use it (its keys and ranges passed the
+    records' own checks already): a registered algorithm whose own checks pass its params
+    for this world size, and a transport that moves this profile's buffers."""
     from ..algorithms import algorithm_names, get_algorithm
     from ..registry import transport_names
 
     names = algorithm_names()
     out: list[Rule] = []
-    prev_max: int | None = -1
     for i, (rec, rule) in enumerate(zip(records, raw)):
         where = f"rules[{i}]"
         lo, hi = rec.min_bytes, rec.max_bytes
-        if hi is not None and hi < lo:
-            _fail(name, f"{where}.max_bytes", f"{hi} is below min_bytes {lo}; a rule covers "
-                  "min_bytes..max_bytes")
-        if i == 0 and lo != 0:
-            _fail(name, f"{where}.min_bytes", f"the first rule must start at 0, got {lo}: "
-                  f"sizes 0..{lo - 1} would have no rule")
-        if i > 0:
-            if prev_max is None:
-                _fail(name, f"rules[{i - 1}].max_bytes", "null (no upper end) is only "
-                      "allowed in the last rule: the rules after it could never be selected")
-            elif lo <= prev_max:
-                _fail(name, f"{where}.min_bytes", f"{lo} overlaps rules[{i - 1}] (which ends "
-                      f"at {prev_max}); rules must be sorted and non-overlapping")
-            elif lo != prev_max + 1:
-                _fail(name, f"{where}.min_bytes", f"{lo} leaves a gap after rules[{i - 1}] "
-                      f"(which ends at {prev_max}): sizes {prev_max + 1}..{lo - 1} would "
-                      f"have no rule; start at {prev_max + 1}")
-        prev_max = hi
         algo = rec.algorithm
         if algo not in names:
             _fail(name, f"{where}.algorithm", f"unknown algorithm {algo!r}: use one of "
@@ -405,10 +386,6 @@ def _rules(name: str, records: tuple[Any, ...], raw: Sequence[Mapping[str, Any]]
         # Keep the params as written (defaults are filled at plan time), but validated.
         out.append(Rule(lo, hi, algo, params, rtrans,
                         dict(measured) if measured is not None else None))
-    if prev_max is not None:
-        _fail(name, f"rules[{len(records) - 1}].max_bytes", f"the last rule must have "
-              f"max_bytes: null (no upper end), got {prev_max}: larger messages would have "
-              "no rule")
     return tuple(out)
 
 

@@ -3,9 +3,9 @@
 ``safefiles.records`` checks a file against these (``collectives.profile.profile_from_dict``)
 and ``collectives.profile.schema`` writes the JSON Schema from them; a check across a
 record's fields is its ``__check__``; only what needs the registries (names, each
-algorithm's checks of its params, contiguous rules) is checked in ``profile_from_dict``
-after. Not imported by ``import collectives`` (the
-declarations import ``probes``): the loader imports it when it first reads a profile.
+algorithm's checks of its params) is checked in ``profile_from_dict`` after. Not imported
+by ``import collectives`` (the declarations import ``probes``): the loader imports it when
+it first reads a profile.
 """
 
 from __future__ import annotations
@@ -138,6 +138,13 @@ class RuleRecord:
     measured: MeasuredRecord | None = None
     native: tuple[NativeRecord, ...] | None = None
 
+    def __check__(self, where: str) -> None:
+        """A rule covers ``min_bytes..max_bytes``: not an empty range."""
+        if self.max_bytes is not None and self.max_bytes < self.min_bytes:
+            raise RecordError(key_path(where, "max_bytes"),
+                              f"{self.max_bytes} is below min_bytes {self.min_bytes}; a rule "
+                              "covers min_bytes..max_bytes")
+
 
 @dataclass(frozen=True)
 class LibraryRecord:
@@ -205,6 +212,35 @@ class ProfileRecord:
     shapes: tuple[Section, ...] | None = declare(None, null=False, **_SHAPES)
     fusion: FusionRecord | None = declare(None, null=False)
     engine: EngineRecord | None = declare(None, null=False)
+
+    def __check__(self, where: str) -> None:
+        """The rules cover every size once: sorted and contiguous from 0, only the last one
+        open-ended (``max_bytes: null``)."""
+        prev_max: int | None = -1
+        for i, rule in enumerate(self.rules):
+            at, lo = key_path(where, f"rules[{i}]"), rule.min_bytes
+            if i == 0 and lo != 0:
+                raise RecordError(f"{at}.min_bytes", f"the first rule must start at 0, got "
+                                  f"{lo}: sizes 0..{lo - 1} would have no rule")
+            if i > 0:
+                if prev_max is None:
+                    raise RecordError(key_path(where, f"rules[{i - 1}].max_bytes"),
+                                      "null (no upper end) is only allowed in the last rule: "
+                                      "the rules after it could never be selected")
+                if lo <= prev_max:
+                    raise RecordError(f"{at}.min_bytes", f"{lo} overlaps rules[{i - 1}] "
+                                      f"(which ends at {prev_max}); rules must be sorted and "
+                                      "non-overlapping")
+                if lo != prev_max + 1:
+                    raise RecordError(f"{at}.min_bytes", f"{lo} leaves a gap after "
+                                      f"rules[{i - 1}] (which ends at {prev_max}): sizes "
+                                      f"{prev_max + 1}..{lo - 1} would have no rule; start "
+                                      f"at {prev_max + 1}")
+            prev_max = rule.max_bytes
+        if prev_max is not None:
+            raise RecordError(key_path(where, f"rules[{len(self.rules) - 1}].max_bytes"),
+                              f"the last rule must have max_bytes: null (no upper end), got "
+                              f"{prev_max}: larger messages would have no rule")
 
 
 #: The keys of each record, in declaration order (what ``ringtune validate`` names).
