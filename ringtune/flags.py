@@ -19,6 +19,8 @@ below, so ``tune``, ``bench``, ``simulate`` and ``probe`` cannot drift apart aga
     ``--wait [SECONDS]``      when another run holds what the verb needs, wait for
                               it to end instead of refusing at once: up to
                               SECONDS, or without a limit when given alone
+    ``PROFILE``               the profile file a verb reads (``show``,
+                              ``validate``, ``export``)
     ========================  =================================================
 
 A spelling a verb used before (``tune --min-bytes``, ``--dtype``, ``--algorithms``,
@@ -118,6 +120,11 @@ def algo_list(values: Sequence[str] | None) -> list[str] | None:
             if name.strip() and name.strip() not in names:
                 names.append(name.strip())
     return names or None
+
+
+def add_profile(p: argparse.ArgumentParser) -> None:
+    """The positional ``PROFILE`` (``dest`` ``profile``) of a verb that reads a profile."""
+    p.add_argument("profile", metavar="PROFILE", help="profile file (YAML)")
 
 
 def add_ranks(p: argparse.ArgumentParser) -> None:

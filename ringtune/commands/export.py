@@ -24,11 +24,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ..flags import add_profile
+
 HELP = "write a profile as MPICH / NCCL / Open MPI's own tuning file"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("profile", metavar="PROFILE", help="profile file (YAML)")
+    add_profile(p)
     p.add_argument("--format", metavar="mpich|nccl|ompi",
                    help="the library whose file to write (default: the format of the MPI "
                         "library the profile records)")

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 
+from ..flags import add_profile
+
 HELP = "print a profile's rules with speed-up over native"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("profile", metavar="PROFILE", help="profile file (YAML)")
+    add_profile(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,12 +16,13 @@ import os
 import sys
 
 from ..errors import UsageError
+from ..flags import add_profile
 
 HELP = "check a profile file (and optionally its fingerprint against this machine)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("profile", metavar="PROFILE", help="profile file (YAML)")
+    add_profile(p)
     p.add_argument("--against-topology", action="store_true",
                    help="also compare its topology fingerprint and world size with this "
                         "world (launches itself under mpiexec with the profile's world size)")
