@@ -22,7 +22,7 @@ import hashlib
 import json
 import math
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,20 +247,26 @@ class Topology:
     @classmethod
     def from_yaml(cls, text: str, source: str = "<topology>") -> Topology:
         """Parse (bounded, plain YAML only: ``safefiles.safeload``) and check."""
-        from safefiles.safeload import InputError, parse_text
+        from safefiles.safeload import parse_text
 
-        try:
-            data = parse_text(text, source)
-        except InputError as exc:
-            raise TopologyError(str(exc)) from None
-        return cls.from_dict(data, source)
+        return cls._parsed(parse_text, text, source)
 
     @classmethod
     def from_json(cls, text: str, source: str = "<topology>") -> Topology:
-        from safefiles.safeload import InputError, parse_json
+        """Parse (bounded JSON: ``safefiles.safeload``) and check."""
+        from safefiles.safeload import parse_json
+
+        return cls._parsed(parse_json, text, source)
+
+    @classmethod
+    def _parsed(cls, parse: Callable[[str, str], Any], text: str,
+                source: str) -> Topology:
+        """``text`` read by ``parse`` (a bounded reader of ``safefiles.safeload``), then
+        checked; either's refusal is a ``TopologyError`` naming ``source``."""
+        from safefiles.safeload import InputError
 
         try:
-            data = parse_json(text, source)
+            data = parse(text, source)
         except InputError as exc:
             raise TopologyError(str(exc)) from None
         return cls.from_dict(data, source)
