@@ -111,9 +111,8 @@ def _check_library(args: argparse.Namespace, prof: object, segments: Sequence[ob
 
     mod = importlib.import_module(f"ringtune.export.{args.format}")
     own = getattr(mod, "LIBRARY", "")
-    raw = getattr(prof, "raw", None) or {}
-    lib = raw.get("library") if isinstance(raw, dict) else None
-    tuned = str(lib.get("name", "")) if isinstance(lib, dict) else ""
+    lib = getattr(prof, "library", None)  # the validated record (Profile.library)
+    tuned = str(lib.name) if lib is not None else ""
     if not own or not tuned or tuned == own or tuned in getattr(mod, "TRANSLATES", ()):
         return
     impls = sorted({str(getattr(s, "impl", "auto")) for s in segments} - {"auto"})
