@@ -5,6 +5,9 @@ Run under mpiexec (rank 0 prints a Markdown table for BENCHMARKS.md):
     .venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py benchmarks/bench_shm.py
     .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py benchmarks/bench_shm.py --rounds 3
 
+``--two-copy`` adds a column ``shm 2c``: shm 1024K with single-copy reads off (the path a
+host that refuses ``process_vm_readv`` runs), timed in the same rounds.
+
 For each size (64 KiB to 64 MiB by ×4, float32 sum) it times ``native`` (the MPI library's
 ``MPI_Allreduce``), ``shm`` at three chunk sizes and ``multiring`` (two whole-segment rings,
 the built-in large-message choice), in ``--rounds`` rounds that visit every configuration
@@ -32,6 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 from collectives import Communicator
+from collectives.algorithms import shm as shm_algo
 from collectives.bench import size_list, time_allreduce
 from collectives.ops import busbw_factor
 
@@ -42,6 +46,10 @@ CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("shm", {"chunk_bytes": 1 << 20}),
     ("multiring", {"rings": 2, "chunk_bytes": 0}),
 ]
+
+
+#: The segment's two-copy path beside the single-copy one (``--two-copy``): same chunk.
+TWO_COPY = ("shm", {"chunk_bytes": 1 << 20})
 
 
 def label(algo: str, params: dict[str, Any]) -> str:
@@ -93,9 +101,15 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--two-copy", action="store_true",
+                    help="also time shm 1024K with single-copy reads off (the segment's "
+                         "copy in / copy out), interleaved with the rest: column 'shm 2c'")
     args = ap.parse_args()
     world = MPI.COMM_WORLD
     comm = Communicator(world)
+    # Its own communicator (own plans, own segment), whose plans are built with single-copy
+    # reads off: the path a host that refuses them runs.
+    two = Communicator(world.Dup()) if args.two_copy else None
     n = comm.size
     sizes = size_list(args.b, args.e, args.f)
     cells: dict[tuple[int, str], list[float]] = {}
@@ -105,10 +119,19 @@ def main() -> None:
                 m = time_allreduce(comm, nbytes // 4, "float32", "sum", algo, params,
                                    args.warmup, args.iters)
                 cells.setdefault((nbytes, label(algo, params)), []).append(m.busbw_gbps)
+            if two is not None:
+                saved = shm_algo.SINGLE_COPY_MIN_BYTES
+                shm_algo.SINGLE_COPY_MIN_BYTES = 1 << 62
+                try:
+                    m = time_allreduce(two, nbytes // 4, "float32", "sum", *TWO_COPY,
+                                       args.warmup, args.iters)
+                finally:
+                    shm_algo.SINGLE_COPY_MIN_BYTES = saved
+                cells.setdefault((nbytes, "shm 2c"), []).append(m.busbw_gbps)
     bounds = phase_bounds(world, sizes[-1])
     load = open("/proc/loadavg").read().split()[0]
     if comm.rank == 0:
-        cols = [label(a, p) for a, p in CONFIGS]
+        cols = [label(a, p) for a, p in CONFIGS] + (["shm 2c"] if two is not None else [])
         lib = MPI.Get_library_version().splitlines()[0].strip()
         print(f"# {n} ranks, float32 sum, busbw GB/s (median of {args.rounds} rounds of "
               f"{args.iters}); load average {load} at the end; {lib}")
@@ -116,7 +139,7 @@ def main() -> None:
         print("|" + "---|" * (len(cols) + 2))
         for nbytes in sizes:
             row = {c: statistics.median(cells[(nbytes, c)]) for c in cols}
-            best = max(v for k, v in row.items() if k.startswith("shm"))
+            best = max(v for k, v in row.items() if k.startswith("shm") and k != "shm 2c")
             size = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
             print(f"| {size} | " + " | ".join(f"{row[c]:.2f}" for c in cols)
                   + f" | {best / row['native']:.2f}x |")
@@ -136,6 +159,8 @@ def main() -> None:
               f"{bounds['copy in'] * 1e3:.1f} ms + reduce {bounds['reduce'] * 1e3:.1f} ms + "
               f"copy out {bounds['copy out'] * 1e3:.1f} ms = {passes * 1e3:.1f} ms, "
               f"i.e. at most {big * factor / passes / 1e9:.2f} GB/s busbw for this design")
+    if two is not None:
+        two.close()
     comm.close()
 
 

@@ -12,14 +12,16 @@ The message is cut into steps of ``chunk_bytes`` per rank, so the working set of
 overlaps the peers' copy-out of step g, and a slot is reused only when every rank has
 finished with it (step g waits for step g−2's copy-out, not g−1's).
 
-Single copy: where the kernel lets every rank read its peers' memory (Linux CMA,
-``collectives.shm.cma``; probed once per segment, on every rank alike, the reason logged
-where refused), the fused allreduce skips the segment's copies: each rank reduces its block
-of the whole message reading the peers' parts with ``process_vm_readv`` into a scratch
-chunk of ``chunk_bytes`` (in cache) and adding them into its own buffer, then reads every
-peer's reduced block straight into its buffer. Per rank that is (3P−1)/P of the message in
-memory traffic against (5P−1)/P…(6P−2)/P for the segment's copy in, reduce, copy of the
-result and copy out, and three synchronisations per call instead of three per step.
+Single copy: where the kernel lets every rank read and write its peers' memory (Linux
+CMA, ``collectives.shm.cma``; probed once per segment, on every rank alike, the reason
+logged where refused), the fused allreduce skips the segment: each rank reduces its block
+of the whole message a chunk of ``chunk_bytes`` at a time, reading each peer's part with
+``process_vm_readv`` into a scratch chunk (in cache) and adding it into its own buffer,
+then writes the reduced chunk, still in cache, into every peer's buffer with
+``process_vm_writev``. Per rank that is one read and one write of the message from memory
+— a memcpy's traffic — against about 4.5 passes for the segment's copy in, reduce, copy
+of the result and copy out (2 ranks), and two synchronisations per call instead of three
+per step.
 
 Each element is reduced on one rank — its owner r, in the order ((x_r+x_{r+1})+…)+x_{r−1},
 reading its own input in place — and then copied: results are bitwise identical on every
@@ -169,6 +171,7 @@ class ShmSchedule:
             self.reader = CmaReader()
             self.itemsize = size
             self.pids = [int(p) for p in self.seg.flags.pids]
+            self.others = [(me + k) % n for k in range(1, n)]
             self.scratch = np.empty(max(1, min(blocks[me][1], chunk_bytes // size)),
                                     dtype=dtype)
 
@@ -208,59 +211,70 @@ class ShmSchedule:
             flags.publish(3 * g + 3)
 
     def _run_single_copy(self, buf: np.ndarray) -> None:
-        """The fused allreduce by single-copy reads (``collectives.shm.cma``): publish this
-        buffer's address; reduce this rank's block chunk by chunk, each peer's part read
-        into the scratch chunk and added in the fixed order; publish; read every peer's
-        reduced block straight into this buffer; publish, and return once every peer has
-        read this rank's block (the caller may then change the buffer). One step of the
-        segment's counters, whatever the size: three synchronisations per call."""
+        """The fused allreduce by single-copy reads and writes (``collectives.shm.cma``):
+        publish this buffer's address and length; reduce this rank's block chunk by chunk,
+        each peer's part read into the scratch chunk and added in the fixed order, and
+        write each reduced chunk, still in cache, into every peer's buffer (only this rank,
+        the block's owner, reads or writes that block there); publish, and return once
+        every peer has written its block here. Two synchronisations per call, whatever the
+        size, and per rank one read and one write of the message."""
         seg = self.seg
-        flags, me, n, isz = seg.flags, self.me, self.n, self.itemsize
-        # One step of the segment's counters. A slot step before it may still be copying
-        # out of slots, which this step never touches; one after it waits for this step's
-        # end as for any step's.
+        flags, isz = seg.flags, self.itemsize
+        # One step of the segment's counters (values 3g+1 and 3g+2). A slot step before it
+        # may still be copying out of slots, which this one never touches; one after it
+        # waits for this step's end as for any step's.
         g = seg.steps
         seg.steps = g + 1
-        mine = int(buf.ctypes.data)
-        flags.addresses[me] = mine
+        flags.addresses[self.me] = int(buf.ctypes.data)
+        flags.lengths[self.me] = buf.nbytes
         flags.publish(3 * g + 1)
-        others = [(me + k) % n for k in range(1, n)]
+        others, nbytes = self.others, buf.nbytes
+        remote = []
+        for q in others:
+            self._wait_peer(q, 3 * g + 1)
+            if int(flags.lengths[q]) != nbytes:
+                raise ValueError(
+                    f"shm: rank {flags.names[q]}'s buffer has {int(flags.lengths[q])} "
+                    f"bytes, this rank's {nbytes}: every rank must pass the same size")
+            remote.append(int(flags.addresses[q]))
         start, ln = self.owned
         if ln:
             scratch = self.scratch
             per = scratch.size
             tmp_addr = int(scratch.ctypes.data)
-            ufunc = self.ufunc
-            for q in others:
-                self._wait_peer(q, 3 * g + 1)
-            remote = [int(flags.addresses[q]) for q in others]
+            mine = int(buf.ctypes.data)
+            ufunc, divide_by = self.ufunc, self.divide_by
             for lo in range(start, start + ln, per):
                 m = min(per, start + ln - lo)
                 out = buf[lo:lo + m]
                 tmp = scratch[:m]
+                at, size = lo * isz, m * isz
                 for q, addr in zip(others, remote):
-                    self._read(q, tmp_addr, addr + lo * isz, m * isz, 3 * g + 1)
+                    self._copy(False, q, tmp_addr, addr + at, size, 3 * g + 1)
                     ufunc(out, tmp, out=out)
-            if self.divide_by:
-                self.backend.divide(buf[start:start + ln], self.divide_by)
+                if divide_by:
+                    self.backend.divide(out, divide_by)
+                for q, addr in zip(others, remote):
+                    self._copy(True, q, mine + at, addr + at, size, 3 * g + 1)
         flags.publish(3 * g + 2)
-        for q in others:
-            o, m = self.blocks[q]
-            if m:
-                self._wait_peer(q, 3 * g + 2)
-                addr = int(flags.addresses[q])
-                self._read(q, mine + o * isz, addr + o * isz, m * isz, 3 * g + 2)
+        flags.wait_all(3 * g + 2)
+        # The next step starts at 3(g+1)+1: a peer waiting for this step's end is done
+        # with this buffer (it wrote its block before publishing).
         flags.publish(3 * g + 3)
-        flags.wait_all(3 * g + 3)
 
     def _wait_peer(self, q: int, value: int) -> None:
         self.seg.flags.wait(q, value)
 
-    def _read(self, q: int, local: int, remote: int, nbytes: int, value: int) -> None:
-        """One single-copy read from rank ``q``; its end (killed) is named as a wait's is."""
+    def _copy(self, write: bool, q: int, local: int, remote: int, nbytes: int,
+              value: int) -> None:
+        """One single-copy read from (or write to) rank ``q``; its end (killed) is named as
+        a wait's is."""
         assert self.reader is not None
         try:
-            self.reader.read(self.pids[q], local, remote, nbytes)
+            if write:
+                self.reader.write(self.pids[q], local, remote, nbytes)
+            else:
+                self.reader.read(self.pids[q], local, remote, nbytes)
         except CmaError:
             if not process_alive(self.pids[q]):
                 self.seg.flags.report(PeerGone, [q], value, 0.0)

@@ -1,10 +1,11 @@
-"""Single-copy reads of a peer process's memory: Linux cross-memory attach (CMA).
+"""Single-copy reads and writes of a peer process's memory: Linux cross-memory attach (CMA).
 
 Use ``CmaReader`` where ranks of one host already share a segment (``Segment``) and each
 knows its peers' process ids: ``reader.read(pid, local_address, remote_address, nbytes)``
 copies ``nbytes`` from the peer's address space into this process's with one
-``process_vm_readv`` — one pass over memory, where a shared segment needs two (the owner's
-copy in, the reader's copy out). Open MPI's ``smsc/cma`` does the same.
+``process_vm_readv``, ``reader.write(...)`` the other way with ``process_vm_writev`` — one
+pass over memory, where a shared segment needs two (the owner's copy in, the reader's copy
+out). Open MPI's ``smsc/cma`` does the same.
 
 Why it may be refused, and what then: the kernel allows it only where this process may
 ptrace the peer (same user, and ``kernel.yama.ptrace_scope`` 0, or 1 with the peer our
@@ -55,6 +56,12 @@ def _bind() -> tuple[Any, str]:
 
 
 _READV, _WHY_NOT = _bind()
+_WRITEV = None
+if _READV is not None:
+    _WRITEV = ctypes.CDLL(ctypes.util.find_library("c") or None,
+                          use_errno=True).process_vm_writev
+    _WRITEV.restype = ctypes.c_ssize_t
+    _WRITEV.argtypes = _READV.argtypes
 
 
 def available() -> str:
@@ -77,23 +84,34 @@ class CmaReader:
     def read(self, pid: int, local: int, remote: int, nbytes: int) -> None:
         """Copy ``nbytes`` at address ``remote`` of process ``pid`` to ``local`` of this
         one. ``CmaError`` (with the errno) on any failure or short read."""
+        self._call(_READV, "process_vm_readv from", pid, local, remote, nbytes)
+
+    def write(self, pid: int, local: int, remote: int, nbytes: int) -> None:
+        """Copy ``nbytes`` at ``local`` of this process to address ``remote`` of process
+        ``pid``. ``CmaError`` (with the errno) on any failure or short write."""
+        self._call(_WRITEV, "process_vm_writev to", pid, local, remote, nbytes)
+
+    def _call(self, fn: Any, what: str, pid: int, local: int, remote: int,
+              nbytes: int) -> None:
         self._local.iov_base = local
         self._local.iov_len = nbytes
         self._remote.iov_base = remote
         self._remote.iov_len = nbytes
-        got = _READV(pid, self._lp, 1, self._rp, 1, 0)
+        got = fn(pid, self._lp, 1, self._rp, 1, 0)
         if got != nbytes:
             err = ctypes.get_errno() if got < 0 else errno.EFAULT
-            raise CmaError(err, f"process_vm_readv from pid {pid}: "
+            raise CmaError(err, f"{what} pid {pid}: "
                            f"{os.strerror(err) if got < 0 else f'{got} of {nbytes} bytes'}")
 
 
 def probe(comm: Any, pids: Any) -> str:
-    """Whether every rank of ``comm`` can read every peer's memory: '' if so, else the
-    first failure as one line (the same answer on every rank). Collective. ``pids``: the
-    process id of every rank of ``comm``, in rank order."""
+    """Whether every rank of ``comm`` can read and write every peer's memory: '' if so,
+    else the first failure as one line (the same answer on every rank). Collective.
+    ``pids``: the process id of every rank of ``comm``, in rank order."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    word = np.array([0x52494E47 + rank], dtype=np.int64)  # a known value per rank
+    # A known value per rank to read, then a word per peer for it to write into.
+    word = np.zeros(1 + size, dtype=np.int64)
+    word[0] = 0x52494E47 + rank
     addresses = comm.allgather(int(word.ctypes.data))
     outcome = ""
     if _READV is None:
@@ -106,8 +124,10 @@ def probe(comm: Any, pids: Any) -> str:
                 continue
             try:
                 reader.read(int(pids[q]), int(got.ctypes.data), int(addresses[q]), 8)
+                reader.write(int(pids[q]), int(got.ctypes.data),
+                             int(addresses[q]) + 8 * (1 + rank), 8)
             except CmaError as exc:
-                outcome = (f"rank {rank} cannot read rank {q}'s memory "
+                outcome = (f"rank {rank} cannot read or write rank {q}'s memory "
                            f"({errno.errorcode.get(exc.errno or 0, exc.errno)}: "
                            f"{exc.strerror}); ptrace permission is needed "
                            "(kernel.yama.ptrace_scope=0, or CAP_SYS_PTRACE in a container)")

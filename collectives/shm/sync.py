@@ -129,9 +129,10 @@ class Flags:
                              f"{size} ranks")
         self.rank, self.size = rank, size
         self.counters = words[: size * STRIDE : STRIDE]
-        #: A word per rank beside its counter (same cache line): the address of the
-        #: buffer it offers to single-copy readers, written before it publishes.
+        #: Two words per rank beside its counter (same cache line): the address and byte
+        #: length of the buffer it offers to single-copy peers, written before it publishes.
         self.addresses = words[1: size * STRIDE : STRIDE]
+        self.lengths = words[2: size * STRIDE : STRIDE]
         self.pids = words[size * STRIDE : size * STRIDE + size]
         self.names = tuple(names) if names is not None else tuple(range(size))
         self.mine = int(self.counters[rank])

@@ -355,8 +355,9 @@ def test_single_copy_and_the_segments_copies_agree_bit_for_bit(
         assert direct[0][0] == slots[0][0]
 
 
+@pytest.mark.parametrize("refused", ["read", "write"])
 def test_single_copy_refused_falls_back_with_a_logged_reason(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        refused: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
         no_leftovers: None) -> None:
     import errno
 
@@ -365,7 +366,7 @@ def test_single_copy_refused_falls_back_with_a_logged_reason(
     def refuse(self: Any, pid: int, local: int, remote: int, nbytes: int) -> None:
         raise cma.CmaError(errno.EPERM, "Operation not permitted")
 
-    monkeypatch.setattr(cma.CmaReader, "read", refuse)
+    monkeypatch.setattr(cma.CmaReader, refused, refuse)
     with caplog.at_level("INFO", logger="ringtune"):
         out = _allreduce_random(3, 5000, 1024)
     assert not any(used for _, used, _ in out)
@@ -374,6 +375,27 @@ def test_single_copy_refused_falls_back_with_a_logged_reason(
     assert len(reasons) == 1 and "EPERM" in reasons.pop()
     said = [r.getMessage() for r in caplog.records if "single-copy" in r.getMessage()]
     assert len(said) == 1 and "EPERM" in said[0] and "ptrace" in said[0]
+
+
+def test_a_buffer_of_another_size_is_refused_not_written(no_leftovers: None) -> None:
+    """A rank whose peer passed a smaller buffer (a broken collective call) must not write
+    past the peer's end: the lengths are compared first."""
+    from collectives.algorithms.shm import ShmSchedule
+
+    def rank(world: Any) -> str:
+        c = Communicator(world)
+        x = np.ones(4096, dtype=np.float32)
+        sched = c.prepared(x, "sum", algorithm="shm", transport="inproc").algo.schedule
+        assert isinstance(sched, ShmSchedule) and sched.reader is not None
+        mine = x if world.Get_rank() == 0 else np.ones(8192, dtype=np.float32)
+        try:
+            sched.run(mine)
+        except ValueError as exc:
+            return str(exc)
+        return "ran"
+
+    out = inproc.run_ranks(2, rank)
+    assert all("must pass the same size" in o for o in out), out
 
 
 def test_a_single_copy_read_from_a_gone_process_fails() -> None:
