@@ -20,6 +20,7 @@ from typing import Any
 
 from collectives.algorithms import get_algorithm
 from collectives.profile import write_profile
+from collectives.profile.document import profile_document
 
 from .records import TuneError, TuneOptions, TuneResult
 
@@ -89,7 +90,6 @@ def combine(profiles: Mapping[int, Mapping[str, Any]], world_size: int,
     """One profile: the largest tuned shape at the top level, the other tuned shapes and a
     predicted section for every untuned world size up to ``world_size``."""
     main = max(profiles)
-    out = dict(profiles[main])
     sections: list[dict[str, Any]] = []
     for s in sorted(profiles):
         if s != main:
@@ -103,13 +103,12 @@ def combine(profiles: Mapping[int, Mapping[str, Any]], world_size: int,
                          "rules": predict(profiles[nearest], w),
                          "source": "predicted", "from_world_size": nearest})
     sections.sort(key=lambda sec: sec["topology"]["world_size"])
-    if sections:
-        out["shapes"] = sections
-    tuning = dict(out.get("tuning") or {})
+    tuning = dict(profiles[main].get("tuning") or {})
     tuning["shapes"] = sorted(profiles)
     tuning["seconds"] = round(seconds, 1)
-    out["tuning"] = tuning
-    return out
+    # The one profile document builder (collectives.profile.document): the largest shape's
+    # document, its sections (none: no key) and the run's tuning header.
+    return profile_document(profiles[main], shapes=sections or None, tuning=tuning)
 
 
 #: Up to this allocation size every world size gets a section; above it, only the sizes a
