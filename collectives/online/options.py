@@ -63,18 +63,20 @@ class OnlineOptions:
         return asdict(self)
 
 
-#: option -> (environment variable, kind, lowest, highest)
-_BOUNDS: dict[str, tuple[str, type, float, float]] = {
-    "calls": ("RINGTUNE_TUNE_CALLS", int, 1, 1_000_000),
-    "samples": ("RINGTUNE_TUNE_SAMPLES", int, 1, 1000),
-    "share": ("RINGTUNE_TUNE_SHARE", float, 0.0, 1.0),
-    "candidates": ("RINGTUNE_TUNE_CANDIDATES", int, 1, 1000),
-    "margin": ("RINGTUNE_TUNE_MARGIN", float, 0.0, 0.9),
-    "prune": ("RINGTUNE_TUNE_PRUNE", float, 1.0, 1e6),
-    "seed": ("RINGTUNE_TUNE_SEED", int, 0, 2**31),
-    "warmup": ("RINGTUNE_TUNE_WARMUP", int, 0, 1000),
-    "confirm": ("RINGTUNE_TUNE_CONFIRM", int, 0, 1000),
-}
+def _bounds() -> dict[str, tuple[str, type, float, float]]:
+    """option -> (environment variable, kind, lowest, highest), in field order. The range
+    is the variable's row of ``probes.environment`` (``RINGTUNE_TUNE_<OPTION>``), which
+    every CLI verb checks the environment against: the keyword, the variable and that
+    check accept the same values. Imported here, not at the top: ``import collectives``
+    loads no probes."""
+    from probes.environment import TABLE
+
+    out: dict[str, tuple[str, type, float, float]] = {}
+    for f in fields(OnlineOptions):
+        row = TABLE[f"RINGTUNE_TUNE_{f.name.upper()}"]
+        assert row.lo is not None and row.hi is not None, row.name
+        out[f.name] = (row.name, int if row.kind == "int" else float, row.lo, row.hi)
+    return out
 
 
 def _number(text: Any, kind: type, lo: float, hi: float, what: str) -> Any:
@@ -123,7 +125,7 @@ def resolve_options(options: Mapping[str, Any] | OnlineOptions | None = None,
         raise ValueError(f"tune_options: unknown option {unknown[0]!r}; use some of "
                          f"{', '.join(sorted(names))}")
     values: dict[str, Any] = {}
-    for name, (var, kind, lo, hi) in _BOUNDS.items():
+    for name, (var, kind, lo, hi) in _bounds().items():
         if name in given:
             values[name] = _number(given[name], kind, lo, hi, f"tune_options[{name!r}]")
         elif env.get(var, "").strip():
