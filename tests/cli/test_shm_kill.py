@@ -61,13 +61,20 @@ def left_by_the_job(out: str, before: set[str]) -> list[str]:
 CMA_RACE = "CmaError: [Errno 3] process_vm_"
 
 
+#: ``RINGTUNE_STALL_TIMEOUT`` of the kill tests' jobs: the survivors must end well within it.
+STALL_S = 30
+
+
 def check_named(out: str) -> None:
     """Whatever a survivor said (``ringtune: stall:`` and the line that ends the job)
-    names the dead rank 1, as the cause rather than the call's arguments. Call it after
-    the /dev/shm checks: the known gap above is an expected failure."""
+    names the dead rank 1, as the cause rather than the call's arguments, found within the
+    stall timeout. Call it after the /dev/shm checks: the known gap above is an expected
+    failure."""
     for line in out.splitlines():
         if line.startswith("ringtune: stall:"):
             assert re.search(r"rank 1 \(pid \d+\) ended", line), line
+            waited = re.search(r"waited ([0-9.]+) s", line)
+            assert waited and float(waited.group(1)) < STALL_S, line
         if line.startswith("ringtune: rank ") and " failed: " in line:
             if CMA_RACE in line:
                 pytest.xfail(f"a single-copy access met the dying rank: not named ({line})")
@@ -84,7 +91,7 @@ def test_a_killed_rank_ends_the_job_and_nothing_is_left_in_dev_shm() -> None:
     before = segments()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "RINGTUNE_"))}
-    env.update(PYTHONPATH=str(ROOT), RINGTUNE_STALL_TIMEOUT="30", OMP_NUM_THREADS="1")
+    env.update(PYTHONPATH=str(ROOT), RINGTUNE_STALL_TIMEOUT=str(STALL_S), OMP_NUM_THREADS="1")
     proc = subprocess.run([MPIEXEC, "-n", "3", sys.executable, str(JOB)], env=env,
                           capture_output=True, text=True, timeout=120)
     out = proc.stdout + proc.stderr

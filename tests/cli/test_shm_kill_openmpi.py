@@ -28,13 +28,11 @@ import pytest
 
 from ringtune.launch import family
 
-from .test_shm_kill import check_named, job_report, left_by_the_job, segments
+from .test_shm_kill import STALL_S, check_named, job_report, left_by_the_job, segments
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("shm_killed_job.py")
 SHM = Path("/dev/shm")
-#: ``RINGTUNE_STALL_TIMEOUT`` of the job; it would run 60 s more had no rank noticed.
-STALL_S = 30
 
 
 def _is_open_mpi(python: str) -> bool:
