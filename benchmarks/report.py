@@ -8,17 +8,17 @@ figures as data, render the page from the data.
 Each scenario of BENCHMARKS.md (one host, every MPI library's peers, emulated tiers,
 training, tuner quality, cost model) runs its scripts from ``benchmarks/`` with the commands
 shown on the page and stores what they measured as ``benchmarks/results/NAME.json``. The
-scenarios with a ``table`` (tuner, emulated, training) store the measurements themselves
-(``raw``: the scripts' unrounded numbers) with their provenance (``provenance``: each command
-as shown and as run with its wall time, the machine, the load average before and after, the
-start and end, the git commit and whether files differed from it), and the table is computed
-from ``raw`` when the page is rendered, every ratio from the cells it shows; the others store
-the table their script printed, with the commands, the time, the load and the machine.
-``render`` writes each
-scenario's table between the page's ``<!-- bench-report:NAME -->`` markers and its plot to
-``docs/img/NAME.png``; the prose around the markers (how to read it, known limits) is the
-page's own. So the stored data is the one source of every table and plot, and a unit test
-checks that the page is what ``render`` makes of it.
+scenarios with a ``table`` (tuner, emulated, training, cost model) store the measurements
+themselves (``raw``: the scripts' unrounded numbers) with their provenance (``provenance``:
+each command as shown and as run with its wall time, the machine, the load average before
+and after, the start and end, the git commit and whether files differed from it), and the
+table is computed from ``raw`` when the page is rendered, every ratio from the cells it
+shows; the others store the table their script printed, with the commands, the time, the
+load and the machine. ``render`` writes each scenario's table between the page's
+``<!-- bench-report:NAME -->`` markers and its plot to ``docs/img/NAME.png``; the prose
+around the markers (how to read it, known limits) is the page's own. So the stored data is
+the one source of every table and plot, and a unit test checks that the page is what
+``render`` makes of it.
 
 ``run`` without ``--out`` replaces the stored data and the page: do it on a quiet machine
 (the load average is recorded with every scenario). With ``--out DIR`` everything goes under
@@ -523,13 +523,31 @@ def peers(r: Runner) -> dict[str, Any]:
 
 
 def cost_model(r: Runner) -> dict[str, Any]:
+    """The cost model's prediction (calibrated in process, never from an allreduce) beside
+    the measured time of each configuration, 2 ranks on this host."""
     args = ("--repeats 1 --iters 2 --max-bytes 4194304" if r.quick else "--repeats 5")
-    out = r.sh(f"mpiexec -n 2 python benchmarks/model_validation.py --min-bytes 1048576 {args}")
-    header, rows = select(*table_with(out, "ranks"), [
-        "size", "algorithm", "measured (µs)", "predicted (µs)", "predicted/measured",
-        "within ±35%"])
-    notes = [line for line in out.splitlines() if line.startswith("rows at >= 1 MiB")]
-    return {"columns": header, "rows": rows, "notes": notes}
+    (r.work / "cost-model.json").unlink(missing_ok=True)
+    r.sh(f"mpiexec -n 2 python benchmarks/model_validation.py --min-bytes 1048576 {args} "
+         "--json {work}/cost-model.json")
+    return {"raw": json.loads((r.work / "cost-model.json").read_text(encoding="utf-8"))}
+
+
+def cost_model_table(raw: dict[str, Any]) -> dict[str, Any]:
+    rows = []
+    for x in raw["rows"]:
+        label = x["algorithm"] + (f" rings={x['params']['rings']}" if x["params"] else "")
+        meas, pred = f"{x['measured_us']:.0f}", f"{x['predicted_us']:.0f}"
+        ratio = f"{_ratio(pred, meas):.2f}"
+        rows.append([size_label(x["bytes"]), label, meas, pred, ratio,
+                     "yes" if 0.65 <= float(ratio) <= 1.35 else "no"])
+    big = [row for row, x in zip(rows, raw["rows"]) if x["bytes"] >= 1 << 20]
+    ranks = {x["ranks"] for x in raw["rows"]}
+    notes = [f"rows at >= 1 MiB within ±35%: {sum(row[5] == 'yes' for row in big)} of "
+             f"{len(big)} ({', '.join(map(str, sorted(ranks)))} ranks; measured: medians of "
+             f"{len(raw['rows'][0]['measured_us_all'])} interleaved repeats); calibration: "
+             f"{raw['calibration']['description']}"]
+    return {"columns": ["size", "algorithm", "measured (µs)", "predicted (µs)",
+                        "predicted/measured", "within ±35%"], "rows": rows, "notes": notes}
 
 
 def shm(r: Runner) -> dict[str, Any]:
@@ -639,7 +657,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         xlabel="", log=False, level=("as fast as gloo", 1.0))),
     Scenario("cost-model", cost_model, Plot(
         "scatter", "measured (µs)", ("predicted (µs)",), "predicted (µs)",
-        xlabel="measured (µs)")),
+        xlabel="measured (µs)"), cost_model_table),
 )}
 
 
