@@ -127,12 +127,13 @@ class ShmSchedule:
     """The shared-memory reduce-scatter and all-gather of the region ``[offset, offset +
     count)`` over the ranks of ``ctx`` (one host), built once, run many times.
 
-    ``run(buf)`` is the fused allreduce (the flat algorithm); ``reduce_scatter(buf)`` then
-    ``all_gather(buf)`` are its two halves for a ``hierarchical`` grid: after the first,
-    this rank's block ``owned`` holds the sum over every rank."""
+    ``run(buf)`` is the fused allreduce (the flat algorithm; ``fused``: built for it, so
+    single copy may serve it); ``reduce_scatter(buf)`` then ``all_gather(buf)`` are its two
+    halves for a ``hierarchical`` grid: after the first, this rank's block ``owned`` holds
+    the sum over every rank."""
 
     def __init__(self, ctx: Context, offset: int, count: int, dtype: str, op: str,
-                 chunk_bytes: int, divide_by: int = 0) -> None:
+                 chunk_bytes: int, divide_by: int = 0, fused: bool = False) -> None:
         self.op, self.divide_by = op, divide_by
         self.backend = ctx.backend
         n, me = ctx.size, ctx.rank
@@ -167,7 +168,7 @@ class ShmSchedule:
         # this rank reduces its block reading the peers' inputs where they lie, a chunk of
         # ``chunk_bytes`` at a time through a scratch chunk that stays in cache.
         self.reader: CmaReader | None = None
-        if not self.seg.cma_refused and single_copy_ok(count * size):
+        if fused and not self.seg.cma_refused and single_copy_ok(count * size):
             self.reader = CmaReader()
             self.itemsize = size
             self.pids = [int(p) for p in self.seg.flags.pids]
@@ -475,7 +476,8 @@ class Shm(Algorithm):
         if why is None:
             try:
                 self.schedule = ShmSchedule(ctx, 0, count, dtype, "sum" if average else op,
-                                            chunk, divide_by=ctx.size if average else 0)
+                                            chunk, divide_by=ctx.size if average else 0,
+                                            fused=True)
                 return
             except ShmUnavailable as exc:
                 why = str(exc)
