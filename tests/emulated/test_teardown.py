@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -46,19 +47,35 @@ def test_second_run_waits_with_wait_then_runs(tmp_path: Path) -> None:
     proc, pids = _start_sleepers(tmp_path)
     second = subprocess.Popen([*RINGTUNE, "emulate", "--wait", "120", "--cluster",
                                cluster("3x1"), "--", "true"], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               start_new_session=True, **SIGNALLED_CHILD)
+    lines: list[str] = []
+    waiting = threading.Event()
+
+    def read() -> None:
+        assert second.stderr is not None
+        for line in second.stderr:
+            lines.append(line)
+            if "waiting" in line:
+                waiting.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        time.sleep(2)
-        assert second.poll() is None, second.communicate()
+        # Until it says it waits (no fixed sleep): then it is queued behind the first.
+        assert waiting.wait(60), "".join(lines)
+        assert second.poll() is None, "".join(lines)
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
-        _, err = second.communicate(timeout=90)
+        second.wait(timeout=90)
+        reader.join(timeout=30)
     finally:
         for p in (proc, second):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-                p.communicate()
+        proc.communicate()
+        second.wait()  # its stderr: the reader's
+    err = "".join(lines)
     assert second.returncode == 0, err
     assert f"waiting up to 120 s for another `ringtune emulate` (pid {proc.pid})" in err, err
     assert not [p for p in pids if _alive(p)]
