@@ -337,6 +337,7 @@ def test_single_copy_and_the_segments_copies_agree_bit_for_bit(
 
     if cma.available():
         pytest.skip(cma.available())
+    monkeypatch.setattr(shm_algo, "SINGLE_COPY_MIN_BYTES", 0)
     direct = _allreduce_random(n, 10007, 256)  # uneven blocks, many scratch chunks
     assert all(used for _, used, _ in direct), direct[0][2]
     monkeypatch.setattr(shm_algo, "SINGLE_COPY_MIN_BYTES", 1 << 60)
@@ -367,6 +368,9 @@ def test_single_copy_refused_falls_back_with_a_logged_reason(
         raise cma.CmaError(errno.EPERM, "Operation not permitted")
 
     monkeypatch.setattr(cma.CmaReader, refused, refuse)
+    from collectives.algorithms import shm as shm_algo
+
+    monkeypatch.setattr(shm_algo, "SINGLE_COPY_MIN_BYTES", 0)
     with caplog.at_level("INFO", logger="ringtune"):
         out = _allreduce_random(3, 5000, 1024)
     assert not any(used for _, used, _ in out)
@@ -377,10 +381,14 @@ def test_single_copy_refused_falls_back_with_a_logged_reason(
     assert len(said) == 1 and "EPERM" in said[0] and "ptrace" in said[0]
 
 
-def test_a_buffer_of_another_size_is_refused_not_written(no_leftovers: None) -> None:
+def test_a_buffer_of_another_size_is_refused_not_written(
+        monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:
     """A rank whose peer passed a smaller buffer (a broken collective call) must not write
     past the peer's end: the lengths are compared first."""
+    from collectives.algorithms import shm as shm_algo
     from collectives.algorithms.shm import ShmSchedule
+
+    monkeypatch.setattr(shm_algo, "SINGLE_COPY_MIN_BYTES", 0)
 
     def rank(world: Any) -> str:
         c = Communicator(world)
@@ -409,6 +417,13 @@ def test_a_single_copy_read_from_a_gone_process_fails() -> None:
     with pytest.raises(cma.CmaError) as info:
         cma.CmaReader().read(2**31 - 2, int(buf.ctypes.data), int(buf.ctypes.data), 8)
     assert info.value.errno in (errno.ESRCH, errno.EPERM)
+
+
+def test_single_copy_serves_large_messages_only() -> None:
+    from collectives.algorithms.shm import SINGLE_COPY_MIN_BYTES, single_copy_ok
+
+    assert not single_copy_ok(SINGLE_COPY_MIN_BYTES - 1)
+    assert single_copy_ok(SINGLE_COPY_MIN_BYTES) and single_copy_ok(64 << 20)
 
 
 def test_slot_bytes_is_a_field_of_the_segment(no_leftovers: None) -> None:
