@@ -18,6 +18,7 @@ from ..transport import (
     mpi_op,
     mpi_reduces,
 )
+from .registry import register_transport
 
 
 def make_mpi_transport(comm: Any, backend: Backend) -> MpiTransport:
@@ -96,3 +97,6 @@ class MpiTransport(Transport):
 
     def sub(self, comm: Any) -> Transport:
         return MpiTransport(comm, self.backend)
+
+
+register_transport("mpi", make_mpi_transport, cls=MpiTransport)

@@ -35,6 +35,7 @@ from ..errors import PeerFailure
 from ..plumbing.stall import ENV as STALL_ENV
 from ..plumbing.stall import StallError, stall_timeout
 from ..transport import Pending, Transport
+from .registry import register_transport
 
 
 class PeerError(PeerFailure):
@@ -235,3 +236,7 @@ class TorchTransport(Transport):
 
     def sub(self, comm: Any) -> Transport:
         return make_torch_transport(comm, self.backend)
+
+
+# torch is imported by the transport's constructor only, under the ``torch`` engine.
+register_transport("torch", make_torch_transport, cls=TorchTransport)

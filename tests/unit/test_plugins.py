@@ -21,6 +21,7 @@ import collectives.algorithms.registry as algorithms
 import collectives.engines.registry as engines
 import collectives.natives.base as natives
 import collectives.registry as registry
+import collectives.transports.registry as transports
 from collectives import plugins
 
 from .test_profile import base
@@ -33,8 +34,9 @@ def isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     """Registries and plug-in state as copies: what a test's plug-ins register goes away."""
     for module, names in ((algorithms, ("_REGISTRY",)), (engines, ("_ENGINES",)),
                           (natives, ("_REGISTRY",)),
-                          (registry, ("_LOADERS", "_BACKENDS", "_TRANSPORTS",
-                                      "_TRANSPORT_BACKENDS", "_TEST_ONLY"))):
+                          (registry, ("_LOADERS", "_BACKENDS")),
+                          (transports, ("_TRANSPORTS", "_TRANSPORT_BACKENDS", "_TEST_ONLY",
+                                        "_TRANSPORT_CLASSES"))):
         for name in names:
             monkeypatch.setattr(module, name, type(getattr(module, name))(
                 getattr(module, name)))

@@ -93,6 +93,7 @@ REGISTRATION_LINES = {
     "collectives/natives/__init__.py": ("collectives/natives", "register"),
     "collectives/engines/__init__.py": ("collectives/engines", "register_engine"),
     "collectives/cuda/__init__.py": ("collectives/cuda", "register_transport"),
+    "collectives/transports/__init__.py": ("collectives/transports", "register_transport"),
 }
 
 
@@ -114,15 +115,27 @@ def test_each_registering_module_is_imported_by_its_recipes_one_line(init: str) 
             f"{p.stem in imported}"
 
 
-def test_each_host_transport_is_imported_and_registered_by_the_registry() -> None:
-    registry = (ROOT / "collectives/registry.py").read_text(encoding="utf-8")
-    tree = ast.parse(registry)
-    imported = {(n.module or "").rsplit(".", 1)[1] for n in tree.body
-                if isinstance(n, ast.ImportFrom) and n.level == 1
-                and (n.module or "").startswith("transports.")}
-    registered = [n for n in tree.body if isinstance(n, ast.Expr)
-                  and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)
-                  and n.value.func.id == "register_transport"]
-    modules = {p.stem for p in (ROOT / "collectives/transports").glob("*.py")} - {"__init__"}
-    assert imported == modules, (imported, modules)
-    assert len(registered) == len(modules), "one register_transport line per host transport"
+def test_the_registry_names_no_host_transport() -> None:
+    """The host transports register themselves like the GPU ones: ``collectives/registry.py``
+    imports the package (whose one line lists them), never a transport module, and
+    registers none, so a new one touches its module and that line only."""
+    tree = ast.parse((ROOT / "collectives/registry.py").read_text(encoding="utf-8"))
+    modules = {p.stem for p in (ROOT / "collectives/transports").glob("*.py")} - {
+        "__init__", "registry"}
+    _, strings, imported = _code(tree)
+    named = {m.rsplit(".", 1)[-1] for m in imported if m.startswith(".transports.")}
+    assert not named & modules, named & modules
+    assert "register_transport" not in _calls(tree)
+    assert not strings & modules, strings & modules
+
+
+def test_the_host_transports_list_in_their_import_lines_order() -> None:
+    """The package's import line is the registration order: what ``transport_names``,
+    the JSON Schema's enums and the docs list, and the GPU preference's tie-break."""
+    from collectives.registry import transport_names
+
+    tree = ast.parse((ROOT / "collectives/transports/__init__.py").read_text(encoding="utf-8"))
+    line = next(n for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 1
+                and n.module is None)
+    names = transport_names()
+    assert names[:len(line.names)] == [a.name for a in line.names], names

@@ -17,6 +17,7 @@ import pytest
 from collectives import registry
 from collectives.testing import contract
 from collectives.testing import transport_contract as tc
+from collectives.transports import registry as table
 from tests import inproc
 
 TOY = "tests.toy_transport"
@@ -28,8 +29,7 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     registry: it is gone after the test (the plug-ins load first, into the originals)."""
     registry.transport_names()
     for name in ("_TRANSPORTS", "_TRANSPORT_BACKENDS", "_TEST_ONLY", "_TRANSPORT_CLASSES"):
-        monkeypatch.setattr(registry, name, type(getattr(registry, name))(
-            getattr(registry, name)))
+        monkeypatch.setattr(table, name, type(getattr(table, name))(getattr(table, name)))
     inproc.register()
     sys.modules.pop(TOY, None)
     yield importlib.import_module(TOY)
