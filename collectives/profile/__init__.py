@@ -72,6 +72,10 @@ class Rule:
     params: Mapping[str, Any] = field(default_factory=dict)
     transport: str | None = None
     measured: Mapping[str, Any] | None = None
+    #: The file's ``native`` entries of this rule as written (the best of the library's
+    #: own algorithms per bucket, what ``ringtune export`` reads): kept so that a loaded
+    #: profile written back (``to_dict``) still holds them. The runtime never reads them.
+    native: tuple[Mapping[str, Any], ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -84,6 +88,8 @@ class Rule:
             out["transport"] = self.transport
         if self.measured:
             out["measured"] = plain(dict(self.measured))
+        if self.native:
+            out["native"] = [plain(dict(e)) for e in self.native]
         return out
 
 
@@ -383,9 +389,11 @@ def _rules(name: str, records: tuple[Any, ...], raw: Sequence[Mapping[str, Any]]
                 _named(name, f"{where}.native[{j}].composition", entry.composition,
                        all_compositions())
         measured = rule.get("measured")
+        native = rule.get("native")
         # Keep the params as written (defaults are filled at plan time), but validated.
         out.append(Rule(lo, hi, algo, params, rtrans,
-                        dict(measured) if measured is not None else None))
+                        dict(measured) if measured is not None else None,
+                        tuple(dict(e) for e in native) if native is not None else None))
     return tuple(out)
 
 

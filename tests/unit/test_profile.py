@@ -288,6 +288,20 @@ def test_hash_differs_with_content() -> None:
 # -- writing ---------------------------------------------------------------------------------
 
 
+def test_to_dict_keeps_the_rules_native_entries() -> None:
+    """A rule's ``native`` entries (what ``ringtune export`` reads) survive a load and a
+    write back, as written; a rule without them gets none."""
+    entry = {"bytes": 65536, "impl": "ring", "composition": "auto", "busbw_gbps": 1.5,
+             "time_us": 65.5}
+    data = _with(lambda d: d["rules"][1].update(native=[entry]))
+    prof = profile_from_dict(data)
+    out = prof.to_dict()
+    assert out["rules"][1]["native"] == [entry]
+    assert "native" not in out["rules"][0]
+    assert out["rules"] == data["rules"]
+    assert profile_from_dict(yaml.safe_load(dump_profile(prof))).to_dict() == out
+
+
 def test_write_round_trip(tmp_path: Any) -> None:
     path = str(tmp_path / "out.yaml")
     write_profile(base(), path)
