@@ -166,8 +166,11 @@ def merge_rules(base: list[dict[str, Any]], winners: Mapping[int, Mapping[str, A
     winner in force around it: from half to twice the size (the neighbourhood a bucket of
     ``ringtune tune``'s powers of 4 owns), within the base rule that holds it and split at
     the geometric midpoint with a settled neighbour; the rest of each base rule keeps its
-    choice. Neighbours with the same choice are joined."""
+    choice. Neighbours with the same choice are joined, their ``native`` entries one per
+    bucket (a base rule's parts each carry the rule's entries: joined again, they are the
+    same entries, kept once), ascending as ``ringtune export`` reads them."""
     out: list[dict[str, Any]] = []
+    fresh: set[int] = set()  # the winners' rules in ``out`` (by id)
     sizes = sorted(winners)
     for rule in base:
         lo, hi = int(rule["min_bytes"]), rule["max_bytes"]
@@ -183,6 +186,7 @@ def merge_rules(base: list[dict[str, Any]], winners: Mapping[int, Mapping[str, A
             if own_lo > start:
                 out.append({**rule, "min_bytes": start, "max_bytes": own_lo - 1})
             out.append({"min_bytes": own_lo, "max_bytes": own_hi, **winners[s]})
+            fresh.add(id(out[-1]))
             start = own_hi + 1
         if hi is None or start <= hi:
             out.append({**rule, "min_bytes": start, "max_bytes": hi})
@@ -195,10 +199,22 @@ def merge_rules(base: list[dict[str, Any]], winners: Mapping[int, Mapping[str, A
             if "measured" in r:
                 prev["measured"] = r["measured"]
             if r.get("native"):
-                prev["native"] = [*(prev.get("native") or []), *r["native"]]
+                prev["native"] = _joined_native(prev.get("native") or [], r["native"],
+                                                id(r) in fresh)
             continue
         joined.append(dict(r))
     return joined
+
+
+def _joined_native(kept: list[Any], more: list[Any], fresh: bool) -> list[Any]:
+    """``kept``'s and ``more``'s ``native`` entries, one per bucket (``bytes``), ascending:
+    where both hold a bucket, ``more``'s replaces it when it is a settled size's
+    (``fresh``: measured by this job), else the entry already kept stays."""
+    by_bytes = {e.get("bytes"): e for e in kept}
+    for e in more:
+        if fresh or e.get("bytes") not in by_bytes:
+            by_bytes[e.get("bytes")] = e
+    return sorted(by_bytes.values(), key=lambda e: int(e.get("bytes") or 0))
 
 
 def _same_choice(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

@@ -404,6 +404,27 @@ def test_settled_sizes_take_their_neighbourhood_of_the_base_rule() -> None:
         (0, 2048, "native"), (2049, None, "rhd")]
 
 
+def test_merge_rules_keeps_each_native_entry_once_per_bucket() -> None:
+    """A settled size with the base rule's own choice splits that rule and the parts are
+    joined again: each part carried the base rule's ``native`` entries, which come back
+    once; the settled size's own entry joins them in bytes order (``ringtune export`` cuts
+    between consecutive entries), replacing a base entry of the same bucket."""
+    at = {"impl": "ring", "busbw_gbps": 1.5, "time_us": 65.5}
+    base = [{"min_bytes": 0, "max_bytes": None, "algorithm": "rhd", "params": {},
+             "native": [{"bytes": 65536, **at}, {"bytes": 4194304, **at}]}]
+    new = {"impl": "auto", "busbw_gbps": 6.5, "time_us": 60.5}
+    win = {262144: {"algorithm": "rhd", "params": {}, "native": [{"bytes": 262144, **new}],
+                    "measured": {"bytes": 262144, "time_us": 51.25}}}
+    rules = merge_rules(base, win)
+    assert [(r["min_bytes"], r["max_bytes"]) for r in rules] == [(0, None)]
+    assert [e["bytes"] for e in rules[0]["native"]] == [65536, 262144, 4194304]
+    again = {4194304: {"algorithm": "rhd", "params": {}, "native": [{"bytes": 4194304, **new}],
+                       "measured": {"bytes": 4194304, "time_us": 900.0}}}
+    rules = merge_rules(base, again)
+    assert rules[0]["native"] == [{"bytes": 65536, **at}, {"bytes": 4194304, **new}]
+    assert base[0]["native"] == [{"bytes": 65536, **at}, {"bytes": 4194304, **at}]
+
+
 # -- whole jobs in-process -------------------------------------------------------------------
 
 
