@@ -42,6 +42,8 @@ all-gather back.
 
 from __future__ import annotations
 
+import errno
+import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -54,7 +56,7 @@ from ..shm import Segment, ShmUnavailable, attach_segment
 from ..shm.cma import CmaError, CmaReader
 from ..shm.sync import PeerGone, process_alive
 from .base import Algorithm, Context
-from .multiring import _balanced
+from .multiring import balanced
 from .registry import get_algorithm, register
 
 #: Default bytes per rank per step: 1 MiB was the fastest of 64 KiB, 256 KiB and 1 MiB at
@@ -90,6 +92,23 @@ def check_chunk_bytes(value: Any) -> int:
 #: outweigh the copies saved); at 16-64 MiB single copy took 0.23-0.7x the segment's time
 #: under MPI, 1.04-1.14x under torchrun at load 1.6. 4 MiB straddled both.
 SINGLE_COPY_MIN_BYTES = 4 << 20
+
+
+def peer_ended(exc: CmaError, pid: int) -> bool:
+    """Whether a failed single-copy access met a peer that has ended. ESRCH is the
+    kernel saying so itself: a process being killed loses its memory before
+    ``/proc`` shows it dead, so ``process_alive`` alone would still call it alive and
+    the job would end with the system call's error instead of the dead rank's name.
+    Any other error waits up to 0.2 s (a wait's own bound for naming a dead peer) for
+    the process to show as ended before it is taken as the call's own failure."""
+    if exc.errno == errno.ESRCH:
+        return True
+    deadline = time.monotonic() + 0.2
+    while process_alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def single_copy_ok(nbytes: int) -> bool:
@@ -144,7 +163,7 @@ class ShmSchedule:
         n, me = ctx.size, ctx.rank
         self.n, self.me = n, me
         self.offset, self.count = offset, count
-        blocks = _balanced(count, n) if n else []
+        blocks = balanced(count, n) if n else []
         self.owned = (offset + blocks[me][0], blocks[me][1]) if n else (offset, count)
         self.trivial = n == 1 or count == 0
         if self.trivial:
@@ -161,7 +180,7 @@ class ShmSchedule:
                       for a in range(offset, offset + count, step)]
         self.slices: dict[int, list[tuple[int, int]]] = {}
         for a, b in self.steps:
-            self.slices.setdefault(b - a, _balanced(b - a, n))
+            self.slices.setdefault(b - a, balanced(b - a, n))
         # The grid halves' steps: piece j of every block, each at most step/n elements,
         # laid out in a slot one block's piece after another.
         per = step // n
@@ -281,8 +300,8 @@ class ShmSchedule:
                 self.reader.write(self.pids[q], local, remote, nbytes)
             else:
                 self.reader.read(self.pids[q], local, remote, nbytes)
-        except CmaError:
-            if not process_alive(self.pids[q]):
+        except CmaError as exc:
+            if peer_ended(exc, int(self.pids[q])):
                 self.seg.flags.report(PeerGone, [q], value, 0.0)
             raise
 

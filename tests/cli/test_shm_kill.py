@@ -52,15 +52,6 @@ def left_by_the_job(out: str, before: set[str]) -> list[str]:
     return sorted(s for s in segments() - before if any(f"-{p}-" in s for p in pids))
 
 
-#: A known gap, not this test's to hide: a survivor whose single-copy access (Linux CMA)
-#: meets rank 1 while it is being killed reports the system call's own error (ESRCH) with
-#: the advice on the call's arguments, not rank 1: ``collectives/algorithms/shm.py`` names a
-#: peer gone after a failed access only once ``process_alive`` says so, and a process being
-#: killed still reads as alive for a moment after its memory is gone. Seen in about 2 of 5
-#: Open MPI runs, 1 of 3 under MPICH.
-CMA_RACE = "CmaError: [Errno 3] process_vm_"
-
-
 #: ``RINGTUNE_STALL_TIMEOUT`` of the kill tests' jobs: the survivors must end well within it.
 STALL_S = 30
 
@@ -68,16 +59,13 @@ STALL_S = 30
 def check_named(out: str) -> None:
     """Whatever a survivor said (``ringtune: stall:`` and the line that ends the job)
     names the dead rank 1, as the cause rather than the call's arguments, found within the
-    stall timeout. Call it after the /dev/shm checks: the known gap above is an expected
-    failure."""
+    stall timeout."""
     for line in out.splitlines():
         if line.startswith("ringtune: stall:"):
             assert re.search(r"rank 1 \(pid \d+\) ended", line), line
             waited = re.search(r"waited ([0-9.]+) s", line)
             assert waited and float(waited.group(1)) < STALL_S, line
         if line.startswith("ringtune: rank ") and " failed: " in line:
-            if CMA_RACE in line:
-                pytest.xfail(f"a single-copy access met the dying rank: not named ({line})")
             assert re.search(r"rank 1 \(pid \d+\) ended", line), line
             assert "the rank it names is gone or silent" in line, line
             assert "same size" not in line, line

@@ -437,3 +437,23 @@ def test_slot_bytes_is_a_field_of_the_segment(no_leftovers: None) -> None:
             plain.close()
 
     assert inproc.run_ranks(2, rank) == [(2048, 0), (2048, 0)]
+
+
+def test_a_failed_single_copy_access_names_a_dying_peer() -> None:
+    """ESRCH is the kernel saying the peer is gone, even while /proc still shows it alive
+    (a process being killed loses its memory first); another error against a live peer is
+    the call's own failure, decided within 0.2 s; against one that is gone, the peer's end."""
+    import errno
+    import time
+
+    from collectives.algorithms.shm import peer_ended
+    from collectives.shm.cma import CmaError
+
+    me = os.getpid()
+    assert peer_ended(CmaError(errno.ESRCH, "process_vm_readv from pid: gone"), me)
+    started = time.monotonic()
+    assert not peer_ended(CmaError(errno.EFAULT, "process_vm_readv from pid: bad"), me)
+    assert time.monotonic() - started < 10.0  # bounded (0.2 s), not hung
+    with open("/proc/sys/kernel/pid_max") as f:
+        never = int(f.read())  # pids are below pid_max: no process has this one
+    assert peer_ended(CmaError(errno.EFAULT, "process_vm_readv from pid: bad"), never)
