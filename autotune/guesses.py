@@ -24,7 +24,7 @@ def default_cluster(world_size: int) -> Cluster:
         memory_gbs=10.0, overhead_us=10.0, description="uncalibrated default")
 
 
-def _fit_world(cluster: Cluster, world_size: int) -> Cluster:
+def fit_world(cluster: Cluster, world_size: int) -> Cluster:
     """The calibration's cluster when its rank count matches, else its innermost level
     stretched to ``world_size`` ranks (one host)."""
     if cluster.ranks == world_size:
@@ -45,5 +45,5 @@ def best_guesses(world_size: int, nbytes: int, calibration: Any = None,
     if world_size <= 1:
         return [("native", {})]
     cluster = default_cluster(world_size) if calibration is None else calibrate(calibration)
-    model = Model(_fit_world(cluster, world_size))
+    model = Model(fit_world(cluster, world_size))
     return [(p.algorithm, dict(p.params)) for p in model.ranked(int(nbytes), limit)]

@@ -146,7 +146,7 @@ def _topology(w: int, hostnames: Sequence[str]) -> dict[str, Any]:
 def predict(tuned: Mapping[str, Any], w: int) -> list[dict[str, Any]]:
     """Rules for ``w`` ranks from a tuned profile of another size (see the module doc)."""
     from .choose import rule_bounds
-    from .guesses import _fit_world, best_guesses, default_cluster
+    from .guesses import best_guesses, default_cluster, fit_world
     from .model import Model
 
     buckets = list((tuned.get("tuning") or {}).get("buckets") or [])
@@ -155,14 +155,14 @@ def predict(tuned: Mapping[str, Any], w: int) -> list[dict[str, Any]]:
         buckets = [int((r.get("measured") or {}).get("bytes") or max(r["min_bytes"], 1))
                    for r in rules]
     tuned_w = int(tuned["topology"]["world_size"])
-    model = Model(_fit_world(default_cluster(tuned_w), w)) if w > 1 else None
+    model = Model(fit_world(default_cluster(tuned_w), w)) if w > 1 else None
     out: list[dict[str, Any]] = []
     for (lo, hi), b in zip(rule_bounds(buckets), buckets):
         winner = next(r for r in rules if r["min_bytes"] <= b and (
             r["max_bytes"] is None or b <= r["max_bytes"]))
         cands = [(winner["algorithm"], dict(winner.get("params") or {})), ("native", {})]
         if model is not None:
-            cands += best_guesses(w, b, calibration=_fit_world(default_cluster(tuned_w), w))[:3]
+            cands += best_guesses(w, b, calibration=fit_world(default_cluster(tuned_w), w))[:3]
         best: tuple[float, str, dict[str, Any]] | None = None
         for algo, params in cands:
             try:

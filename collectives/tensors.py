@@ -24,7 +24,7 @@ def is_torch_tensor(buf: Any) -> bool:
     return False
 
 
-def _rank() -> str:
+def rank_label() -> str:
     from .mpi.launcher import launcher_rank
 
     return str(launcher_rank())
@@ -42,7 +42,7 @@ def check_tensor(t: Any) -> None:
     if (t.is_cpu or t.is_cuda) and t.layout == torch.strided and t.is_contiguous() \
             and not (t.requires_grad and torch.is_grad_enabled()):
         return
-    rank = _rank()
+    rank = rank_label()
     kind = t.device.type
     if kind not in ("cpu", "cuda"):
         raise TypeError(f"rank {rank}: tensor on device {t.device} cannot be reduced by "
@@ -83,7 +83,7 @@ def as_buffer(buf: Any) -> Any:
             try:
                 import ml_dtypes
             except ImportError:
-                raise TypeError(f"rank {_rank()}: CPU bfloat16 tensors need ml_dtypes "
+                raise TypeError(f"rank {rank_label()}: CPU bfloat16 tensors need ml_dtypes "
                                 "(pip install ml_dtypes), or pass t.float()") from None
             import torch
 

@@ -114,7 +114,7 @@ class Transport(ABC):
         """Release resources (pinned buffers, NCCL communicators)."""
 
 
-class _MpiPending(Pending):
+class MpiPending(Pending):
     __slots__ = ("recv_reqs", "send_reqs", "_waitall")
 
     def __init__(self, recv_reqs: list[Any], send_reqs: list[Any], waitall: Any) -> None:
@@ -144,8 +144,8 @@ class _MpiPending(Pending):
         return self.recv_reqs if recv_only else self.recv_reqs + self.send_reqs
 
 
-class _WatchedPending(_MpiPending):
-    """``_MpiPending`` whose waits give up after ``RINGTUNE_STALL_TIMEOUT`` without progress
+class WatchedPending(MpiPending):
+    """``MpiPending`` whose waits give up after ``RINGTUNE_STALL_TIMEOUT`` without progress
     (collectives/plumbing/stall.py); used only when that variable is set."""
 
     __slots__ = ("peers",)

@@ -57,7 +57,7 @@ from .multiring import (
     CHUNK_BYTES_SCHEMA,
     MODEL_CHUNKS,
     RINGS_SCHEMA,
-    _balanced,
+    balanced,
     check_chunk_bytes,
     check_rings,
     chunk_choices,
@@ -381,7 +381,7 @@ class Hierarchical(HostAwareAlgorithm):
         if self.trivial:
             return
         subs = _sub_contexts(ctx, hosts, dims)
-        for k, (offset, length) in enumerate(_balanced(count, min(pieces, count))):
+        for k, (offset, length) in enumerate(balanced(count, min(pieces, count))):
             params = {**self.params, "_piece": k} if pieces > 1 else self.params
             phases = []
             for j, sub in enumerate(subs):

@@ -55,7 +55,7 @@ ORDER_SCHEMA: dict[str, Any] = {"anyOf": [
 ]}
 
 
-def _balanced(count: int, parts: int) -> list[tuple[int, int]]:
+def balanced(count: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` (offset, length) pieces of ``count`` elements, lengths differing by ≤ 1."""
     base, rem = divmod(count, parts)
     out, off = [], 0
@@ -156,7 +156,7 @@ class RingSchedule:
         self.ctx = ctx
         self.op = op
         n = ctx.size
-        blocks = [(offset + o, ln) for o, ln in _balanced(count, n)]
+        blocks = [(offset + o, ln) for o, ln in balanced(count, n)]
         self.owned: tuple[int, int] = blocks[ctx.rank]
         self.trivial = n == 1 or count == 0
         self.steps = 2 * (n - 1)
@@ -170,7 +170,7 @@ class RingSchedule:
         perms = ring_orders(order, rings, n, ctx.hosts, ctx.topology, ctx.world_ranks)
         for k, perm in enumerate(perms):
             pieces = [(off + o, ln) for off, blen in blocks
-                      for o, ln in [_balanced(blen, rings)[k]]]
+                      for o, ln in [balanced(blen, rings)[k]]]
             ring = _Ring(perm, ctx.rank, TAG_STRIDE * piece + k, pieces, chunk, self.steps)
             ring.scratch = ctx.backend.empty(maxpiece, dtype)
             self.rings.append(ring)

@@ -54,13 +54,13 @@ from __future__ import annotations
 from concurrent.futures import Future as _CFuture
 from typing import Any
 
-from ..tensors import _rank, as_buffer
+from ..tensors import as_buffer, rank_label
 
 try:
     import torch
     import torch.distributed
 except ImportError as _exc:  # the torch API without torch: one line with the fix
-    raise ImportError(f"rank {_rank()}: collectives.torch needs PyTorch ({_exc}); install it "
+    raise ImportError(f"rank {rank_label()}: collectives.torch needs PyTorch ({_exc}); install it "
                       "with `pip install 'ringtune[torch]'` (or `make .venv-torch/.installed`)"
                       ) from None
 
@@ -129,8 +129,8 @@ class HookState:
         from ..communicator import Communicator
 
         if not isinstance(comm, Communicator):
-            raise TypeError(f"rank {_rank()}: HookState needs a collectives.Communicator, got "
-                            f"{type(comm).__name__}: wrap it, HookState(Communicator(comm))")
+            raise TypeError(f"rank {rank_label()}: HookState needs a collectives.Communicator, "
+                            f"got {type(comm).__name__}: wrap it, HookState(Communicator(comm))")
         if staleness not in (0, 1):
             raise ValueError(f"rank {comm.rank}: staleness must be 0 or 1, got {staleness!r}")
         if isinstance(average_every, bool) or not isinstance(average_every, int) \

@@ -10,10 +10,10 @@ from typing import Any
 
 from ..backend import Backend
 from ..transport import (
+    MpiPending,
     Pending,
     Transport,
-    _MpiPending,
-    _WatchedPending,
+    WatchedPending,
     host_allreduce,
     mpi_op,
     mpi_reduces,
@@ -74,9 +74,9 @@ class MpiTransport(Transport):
         rreqs = [self._irecv([a, byte], src, tag) for a, src, tag in recvs]
         sreqs = [self._isend([a, byte], dst, tag) for a, dst, tag in sends]
         if self._watched is not None:
-            return _WatchedPending(rreqs, sreqs, self._watched,
+            return WatchedPending(rreqs, sreqs, self._watched,
                                    ([s for _, s, _ in recvs], [d for _, d, _ in sends]))
-        return _MpiPending(rreqs, sreqs, self._waitall)
+        return MpiPending(rreqs, sreqs, self._waitall)
 
     def native_allreduce(self, buf: Any, op: str) -> None:
         from mpi4py import MPI

@@ -58,17 +58,17 @@ def preflight() -> None:
                                    f"util-linux)")
     if not os.path.exists("/proc/self/ns/net") or not os.path.exists("/proc/self/ns/uts"):
         raise EmulationUnavailable("the kernel has no network/UTS namespaces")
-    probe = _run(["ip", "netns", "list"], check=False)
+    probe = run_shielded(["ip", "netns", "list"], check=False)
     if probe.returncode != 0:
         raise EmulationUnavailable(f"`ip netns` fails: {probe.stderr.strip()}")
 
 
 #: The signals that tear an emulation down (``runner.install_signal_handlers`` raises on
-#: them); ``_run`` holds them while a set-up command runs.
+#: them); ``run_shielded`` holds them while a set-up command runs.
 TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_shielded(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
     # The teardown signals are blocked while the command runs and delivered when it has
     # ended: their handlers raise, and an exception raised inside subprocess's wait can
     # leave Popen's internal waitpid lock held, so that Popen.__exit__ then waits on it for
@@ -90,7 +90,7 @@ def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[
 
 def namespaces() -> list[str]:
     """Every network namespace on the machine, by name."""
-    out = _run(["ip", "netns", "list"]).stdout
+    out = run_shielded(["ip", "netns", "list"]).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
@@ -102,10 +102,10 @@ def ours(names: Sequence[str] | None = None) -> list[str]:
 def used_subnets() -> set[int]:
     """Second octets of every 10.x address on the machine: the root namespace's and every
     other namespace's."""
-    texts = [_run(["ip", "-o", "addr"]).stdout]
+    texts = [run_shielded(["ip", "-o", "addr"]).stdout]
     for ns in namespaces():
-        texts.append(_run(["ip", "-n", ns, "-o", "addr"], check=False).stdout)
-    texts.append(_run(["ip", "-o", "route"], check=False).stdout)
+        texts.append(run_shielded(["ip", "-n", ns, "-o", "addr"], check=False).stdout)
+    texts.append(run_shielded(["ip", "-o", "route"], check=False).stdout)
     return {int(m) for t in texts for m in re.findall(r"\b10\.(\d{1,3})\.\d{1,3}\.\d{1,3}", t)}
 
 
@@ -177,7 +177,7 @@ def remove_namespaces(names: Sequence[str]) -> None:
     kill_namespace_processes(inodes)
     errors = []
     for ns in names:
-        res = _run(["ip", "netns", "del", ns], check=False)
+        res = run_shielded(["ip", "netns", "del", ns], check=False)
         if res.returncode != 0 and ns in namespaces():
             errors.append(f"{ns}: {res.stderr.strip()}")
     kill_namespace_processes(inodes)
@@ -278,33 +278,33 @@ class Network:
         # signal the whole process group) or arrives just after it would otherwise leave a
         # namespace that teardown does not know of. Deleting one never made is harmless.
         self.created.append(name)
-        _run(["ip", "netns", "add", name])
-        _run(["ip", "-n", name, "link", "set", "lo", "up"])
+        run_shielded(["ip", "netns", "add", name])
+        run_shielded(["ip", "-n", name, "link", "set", "lo", "up"])
         return name
 
     def _shape(self, ns: str, dev: str, rate_bps: int) -> None:
         burst = self.spec.burst_for(rate_bps)
-        _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+        run_shielded(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
               f"{rate_bps}bit", "burst", f"{burst}b", "latency", "20ms"])
 
     def _bridge(self, ns: str) -> None:
-        _run(["ip", "-n", ns, "link", "add", "br0", "type", "bridge"])
-        _run(["ip", "-n", ns, "link", "set", "br0", "up"])
+        run_shielded(["ip", "-n", ns, "link", "add", "br0", "type", "bridge"])
+        run_shielded(["ip", "-n", ns, "link", "set", "br0", "up"])
 
     def _port(self, sw: str, port: str, peer_ns: str, peer_dev: str, rate_bps: int,
               bridged_peer: bool = False) -> None:
         """A veth from switch ``sw`` (port ``port`` on its bridge) to ``peer_ns``, shaped
         at ``rate_bps`` on both ends."""
-        _run(["ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", peer_dev,
-              "netns", peer_ns])
+        run_shielded(["ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name",
+                      peer_dev, "netns", peer_ns])
         if self.spec.mtu != DEFAULT_MTU:
             # Both ends; a bridge takes its ports' smallest MTU, so it follows.
-            _run(["ip", "-n", sw, "link", "set", port, "mtu", str(self.spec.mtu)])
-            _run(["ip", "-n", peer_ns, "link", "set", peer_dev, "mtu", str(self.spec.mtu)])
-        _run(["ip", "-n", sw, "link", "set", port, "master", "br0", "up"])
+            run_shielded(["ip", "-n", sw, "link", "set", port, "mtu", str(self.spec.mtu)])
+            run_shielded(["ip", "-n", peer_ns, "link", "set", peer_dev, "mtu", str(self.spec.mtu)])
+        run_shielded(["ip", "-n", sw, "link", "set", port, "master", "br0", "up"])
         if bridged_peer:
-            _run(["ip", "-n", peer_ns, "link", "set", peer_dev, "master", "br0"])
-        _run(["ip", "-n", peer_ns, "link", "set", peer_dev, "up"])
+            run_shielded(["ip", "-n", peer_ns, "link", "set", peer_dev, "master", "br0"])
+        run_shielded(["ip", "-n", peer_ns, "link", "set", peer_dev, "up"])
         self._shape(sw, port, rate_bps)
         self._shape(peer_ns, peer_dev, rate_bps)
 
@@ -329,7 +329,7 @@ class Network:
             address = f"10.{self.subnet}.{i // 250}.{i % 250 + 1}"
             self._port(switches[i // spec.hosts_per_rack], f"h{i}", ns, "eth0",
                        host_tier.rate_bps)
-            _run(["ip", "-n", ns, "addr", "add", f"{address}/16", "dev", "eth0"])
+            run_shielded(["ip", "-n", ns, "addr", "add", f"{address}/16", "dev", "eth0"])
             self.hosts.append(Host(i, ns, names[i], address))
         table = "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.hostname}\n"
                                                   for h in self.hosts)

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .netns import STATE_DIR, TEARDOWN_SIGNALS, Network, _run
+from .netns import STATE_DIR, TEARDOWN_SIGNALS, Network, run_shielded
 
 _SHIM = """#!/bin/sh
 # Launcher for Hydra (-launcher rsh): skip rsh/ssh options, take the host, run the rest of
@@ -179,7 +179,8 @@ def free_port(namespace: str) -> int:
     probe = ("import socket; s = socket.socket(); s.bind(('', 0)); "
              "print(s.getsockname()[1])")
     # Through netns's runner: a set-up step, run with the teardown signals held.
-    res = _run(["ip", "netns", "exec", namespace, sys.executable, "-c", probe], check=False)
+    res = run_shielded(["ip", "netns", "exec", namespace, sys.executable, "-c", probe],
+                       check=False)
     if res.returncode != 0 or not res.stdout.strip().isdigit():
         from ringtune.errors import CommandFailed
 

@@ -135,3 +135,36 @@ def test_acyclic_synthetic_package_passes(tmp_path: Path) -> None:
     graph = import_graph(tmp_path, ("pkg",))
     assert graph["pkg.algo"] == {"pkg.registry"}
     assert cycles(graph) == []
+
+
+def _private_imports(root: Path, packages: tuple[str, ...]) -> list[str]:
+    """``from M import _name`` where ``M`` is another product module: a reach into an
+    underscored name, which ruff's SLF001 (attribute access) does not see."""
+    modules = _modules(root, packages)
+    found = []
+    for module, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+                continue
+            target = _targets(module, is_pkg, node)
+            if not target or target[0].split(".")[0] not in packages:
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: "
+                                 f"{alias.name} from {target[0]}")
+    return found
+
+
+def test_no_product_module_imports_another_ones_private_names() -> None:
+    assert _private_imports(ROOT, PACKAGES) == []
+
+
+def test_finds_a_private_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def _helper() -> None: ...\n")
+    (pkg / "b.py").write_text("from .a import _helper\nfrom . import a as _a\n")
+    assert _private_imports(tmp_path, ("pkg",)) == ["pkg/b.py:1: _helper from pkg.a"]
