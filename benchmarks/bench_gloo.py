@@ -19,6 +19,7 @@ the sum of the ranks' inputs). Speed is reported, never asserted.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -78,6 +79,8 @@ def main() -> int:
                          "built-in defaults), interleaved with gloo size by size, in "
                          "--rounds rounds")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--json", default=None, metavar="FILE",
+                    help="also write each round's time (s) per size and arm to FILE (rank 0)")
     args = ap.parse_args()
     init_gloo(MPI.COMM_WORLD)
     n = dist.get_world_size()
@@ -110,6 +113,13 @@ def main() -> int:
             if args.ringtune:
                 cells.append(f"{med['gloo'] / med['ringtune']:.2f}x")
             print(f"| {label(nbytes)} | " + " | ".join(cells) + " |", flush=True)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump({"ranks": n, "torch": torch.__version__, "iters": args.iters,
+                           "rounds": args.rounds, "arms": list(arms),
+                           "rows": [{"bytes": s, "seconds_rounds": {a: times[(a, s)]
+                                                                    for a in arms}}
+                                    for s in sizes]}, fh, indent=1)
     dist.destroy_process_group()
     return 0
 

@@ -5,6 +5,9 @@ Run under mpiexec (rank 0 prints a Markdown table for BENCHMARKS.md):
     .venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py benchmarks/bench_shm.py
     .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py benchmarks/bench_shm.py --rounds 3
 
+``--json FILE`` also writes what it measured (each round's busbw per size and configuration,
+the copy bound, the passes) for ``benchmarks/report.py``.
+
 ``--two-copy`` adds a column ``shm 2c``: shm 1024K with single-copy reads off (the path a
 host that refuses ``process_vm_readv`` runs), timed in the same rounds.
 
@@ -28,6 +31,7 @@ rank at work at once, the bounds of the machine and of shm's design at 64 MiB:
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from typing import Any
@@ -105,6 +109,9 @@ def main() -> None:
     ap.add_argument("--two-copy", action="store_true",
                     help="also time shm 1024K with single-copy reads off (the segment's "
                          "copy in / copy out), interleaved with the rest: column 'shm 2c'")
+    ap.add_argument("--json", default=None, metavar="FILE",
+                    help="also write the measurements (each round's busbw per size and "
+                         "configuration, the copy bound, the passes) to FILE (rank 0)")
     args = ap.parse_args()
     world = MPI.COMM_WORLD
     comm = Communicator(world)
@@ -162,6 +169,14 @@ def main() -> None:
               f"{bounds['copy in'] * 1e3:.1f} ms + reduce {bounds['reduce'] * 1e3:.1f} ms + "
               f"copy out {bounds['copy out'] * 1e3:.1f} ms = {passes * 1e3:.1f} ms, "
               f"i.e. at most {big * factor / passes / 1e9:.2f} GB/s busbw for this design")
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump({"ranks": n, "library": lib, "rounds": args.rounds,
+                           "iters": args.iters, "columns": cols, "bound_bytes": big,
+                           "copy_gbs": copy_gbs, "passes_s": bounds, "load_end": float(load),
+                           "rows": [{"bytes": s, "busbw_rounds": {c: cells[(s, c)]
+                                                                  for c in cols}}
+                                    for s in sizes]}, fh, indent=1)
     if two is not None:
         two.close()
     comm.close()

@@ -6,15 +6,15 @@ figures as data, render the page from the data.
     python benchmarks/report.py render           # the page and plots from the stored data
 
 Each scenario of BENCHMARKS.md (one host, every MPI library's peers, emulated tiers,
-training, tuner quality, cost model) runs its scripts from ``benchmarks/`` with the commands
-shown on the page and stores what they measured as ``benchmarks/results/NAME.json``. The
-scenarios with a ``table`` (tuner, emulated, training, cost model) store the measurements
-themselves (``raw``: the scripts' unrounded numbers) with their provenance (``provenance``:
-each command as shown and as run with its wall time, the machine, the load average before
-and after, the start and end, the git commit and whether files differed from it), and the
-table is computed from ``raw`` when the page is rendered, every ratio from the cells it
-shows; the others store the table their script printed, with the commands, the time, the
-load and the machine. ``render`` writes each scenario's table between the page's
+training, tuner quality, cost model) runs its scripts from ``benchmarks/`` with the
+commands shown on the page and stores what they measured as
+``benchmarks/results/NAME.json``. Each stores the measurements themselves (``raw``: the
+scripts' unrounded numbers: per library, size and rank count each round's timing, the copy
+bound where measured) with their provenance (``provenance``: each command as shown and as
+run with its wall time, the machine, the load average before and after, the start and end,
+the git commit and whether files differed from it), and the table is computed from ``raw``
+when the page is rendered, every ratio from the cells it shows (the peer table's target
+column too). ``render`` writes each scenario's table between the page's
 ``<!-- bench-report:NAME -->`` markers and its plot to ``docs/img/NAME.png``; the prose
 around the markers (how to read it, known limits) is the page's own. So the stored data is
 the one source of every table and plot, and a unit test checks that the page is what
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import re
 import shlex
@@ -54,6 +55,8 @@ IMG = Path("docs") / "img"
 EMU = "profiles/clusters/emulated-2x2.yaml"
 #: Generous bound on one command (a tune across emulated hosts takes ~5 min).
 COMMAND_TIMEOUT = 900
+#: The peer scenario's tuning budget per library and rank count (s); ``run --peers-budget``.
+PEER_BUDGET = 150
 
 
 class Skip(Exception):
@@ -87,6 +90,8 @@ class Runner:
 
     quick: bool
     work: Path
+    #: The peer scenario's tuning budget per library and rank count (s).
+    peers_budget: int = PEER_BUDGET
     commands: list[str] = field(default_factory=list)
     #: Each command as it ran: the argv (this installation's paths), wall seconds, status.
     ran: list[dict[str, Any]] = field(default_factory=list)
@@ -439,6 +444,10 @@ def training_table(raw: dict[str, Any]) -> dict[str, Any]:
 
 #: The MPI libraries of the peer table: (name, prefix of its environment's tokens).
 PEER_LIBS = (("MPICH", ""), ("Open MPI", "ompi-"), ("Intel MPI", "impi-"))
+#: The peer table's target: tuned ringtune at least this many times the best library's
+#: allreduce at every size, and at least ``PEER_OWN`` times the library it runs on over
+#: ``PEER_OWN_SIZES`` (bytes, inclusive).
+PEER_BEST, PEER_OWN, PEER_OWN_SIZES = 1.0, 1.3, (1 << 20, 16 << 20)
 
 
 def peers(r: Runner) -> dict[str, Any]:
@@ -448,10 +457,9 @@ def peers(r: Runner) -> dict[str, Any]:
     (``bench_tuned.py``, which also times the default twice: the A/A control)."""
     sizes = "-b 64K -e 1M --rounds 1" if r.quick else "-b 64K -e 64M -f 4 --rounds 3"
     tune = ("--buckets 64K,1M --trials 3 --budget 40" if r.quick
-            else "--min-bytes 64K --max-bytes 64M --budget 150")
+            else f"--min-bytes 64K --max-bytes 64M --budget {r.peers_budget}")
     cpus = len(os.sched_getaffinity(0))
-    got: dict[tuple[int, str], dict[str, Any]] = {}
-    libs: list[str] = []
+    runs: list[dict[str, Any]] = []
     for n in (2, 4):
         for lib, pre in PEER_LIBS:
             tag = f"peers-{lib.split()[0].lower()}-{n}"
@@ -463,29 +471,87 @@ def peers(r: Runner) -> dict[str, Any]:
             try:
                 r.sh(f"{pre}python -m ringtune.cli tune -np {n}{over} --out {{work}}/{tag}.yaml "
                      f"{tune} --no-progress")
+                tune_s = r.ran[-1]["seconds"]
                 r.sh(f"{pre}mpiexec{over} -n {n} {pre}python -m mpi4py benchmarks/bench_tuned.py"
                      f" --profile {{work}}/{tag}.yaml --json {{work}}/{tag}.json {sizes}")
             except Skip as why:
                 print(f"report: {lib} left out: {why}", file=sys.stderr)
                 continue
-            got[(n, lib)] = json.loads((r.work / f"{tag}.json").read_text(encoding="utf-8"))
-            libs += [lib] if lib not in libs else []
-    if not got:
+            runs.append({"ranks": n, "library": lib, "tune_seconds": tune_s, "bench_tuned":
+                         json.loads((r.work / f"{tag}.json").read_text(encoding="utf-8"))})
+    if not runs:
         raise Skip("no MPI library's environment ran")
+    gloo_args = "-b 65536 -e 1048576 --iters 3" if r.quick else "-b 65536 -e 67108864 -f 4"
+    gloo: list[dict[str, Any]] = []
+    for n in (2, 4):
+        (r.work / f"peers-gloo-{n}.json").unlink(missing_ok=True)
+        try:
+            r.sh(f"torch-mpiexec -n {n} torch-python -m mpi4py benchmarks/bench_gloo.py "
+                 f"{gloo_args} --json {{work}}/peers-gloo-{n}.json")
+        except Skip as why:
+            print(f"report: gloo left out: {why}", file=sys.stderr)
+            break
+        gloo.append(json.loads((r.work / f"peers-gloo-{n}.json").read_text(encoding="utf-8")))
+    w = r.display_work()
+    shown = [
+        "for N in 2 4, in each library's environment L (MPICH: .venv; Open MPI: .venv-ompi, "
+        "with --oversubscribe where N > CPUs; Intel MPI: .venv-impi):",
+        f"L/python -m ringtune.cli tune -np N --out {w}/peers-L-N.yaml {tune} --no-progress",
+        f"L/mpiexec -n N L/python -m mpi4py benchmarks/bench_tuned.py --profile "
+        f"{w}/peers-L-N.yaml --json {w}/peers-L-N.json {sizes}",
+        f"torch-mpiexec -n N torch-python -m mpi4py benchmarks/bench_gloo.py {gloo_args} "
+        f"--json {w}/peers-gloo-N.json"]
+    return {"raw": {"tune": tune, "bench": sizes, "runs": runs, "gloo": gloo},
+            "commands_shown": shown}
+
+
+def _gloo_busbw(data: dict[str, Any], arm: str = "gloo") -> dict[int, float]:
+    """bench_gloo.py's busbw (GB/s) per size: the median over rounds of its times."""
+    n = data["ranks"]
+    factor = 2 * (n - 1) / n if n > 1 else 1.0
+    return {x["bytes"]: x["bytes"] / statistics.median(x["seconds_rounds"][arm]) / 1e9 * factor
+            for x in data["rows"]}
+
+
+def _peer_target(row: list[str], columns: list[str], libs: list[str], nbytes: int) -> str:
+    """Whether the peer table's target holds at this row, from its cells: the best
+    ringtune cell over the best library cell, and (1–16 MiB) each ringtune cell over its
+    library's."""
+    lib_cells = {lib: row[columns.index(lib)] for lib in libs
+                 if row[columns.index(lib)] != "-"}
+    ours = {lib: row[columns.index(f"ringtune on {lib}")] for lib in lib_cells}
+    if not lib_cells:
+        return "-"
+    def shown(x: float) -> float:
+        # Rounded down, so that the ratio shown is the one judged: 0.997x shows as 0.99x.
+        return math.floor(x * 100 + 1e-9) / 100
+
+    best_lib = max(lib_cells.values(), key=lambda c: first_number(c) or 0.0)
+    best_ours = max(ours.values(), key=lambda c: first_number(c) or 0.0)
+    vs_best = shown(_ratio(best_ours, best_lib))
+    ok = vs_best >= PEER_BEST
+    text = f"{vs_best:.2f}x best"
+    lo, hi = PEER_OWN_SIZES
+    if lo <= nbytes <= hi:
+        own = shown(min(_ratio(ours[lib], lib_cells[lib]) for lib in lib_cells))
+        ok = ok and own >= PEER_OWN
+        text += f", {own:.2f}x own"
+    return ("yes: " if ok else "no: ") + text
+
+
+def peers_table(raw: dict[str, Any]) -> dict[str, Any]:
+    got = {(x["ranks"], x["library"]): x["bench_tuned"] for x in raw["runs"]}
+    libs = [lib for lib, _ in PEER_LIBS if any(k[1] == lib for k in got)]
+    gloo = {g["ranks"]: _gloo_busbw(g) for g in raw.get("gloo", [])}
     columns = ["ranks", "size", "copy bound"]
     for lib in libs:
         columns += [lib, f"ringtune on {lib}"]
-    gloo_args = "-b 65536 -e 1048576 --iters 3" if r.quick else "-b 65536 -e 67108864 -f 4"
-    gloo = {n: peer_column(r, f"torch-mpiexec -n {n} torch-python -m mpi4py "
-                           f"benchmarks/bench_gloo.py {gloo_args}") for n in (2, 4)}
-    if any(gloo.values()):
-        columns.append("gloo")
+    columns += (["gloo"] if gloo else []) + ["target"]
     rows: list[list[str]] = []
     notes: list[str] = []
-    for n in (2, 4):
+    verdict: dict[str, list[str]] = {}
+    for n in sorted({k[0] for k in got}):
         runs = [(lib, got[(n, lib)]) for lib in libs if (n, lib) in got]
-        if not runs:
-            continue
         spread = []
         for lib, data in runs:
             aa = [x["busbw"]["native'"] / x["busbw"]["native"] for x in data["rows"]]
@@ -493,33 +559,39 @@ def peers(r: Runner) -> dict[str, Any]:
         notes.append(f"{n} ranks, each default timed twice (A/A): " + ", ".join(spread))
         copy = statistics.median(data["copy_gbs"] for _, data in runs)
         for i, first in enumerate(runs[0][1]["rows"]):
-            label = size_label(first["bytes"])
-            row = [str(n), label, f"{copy:.2f}"]
+            nbytes = first["bytes"]
+            row = [str(n), size_label(nbytes), f"{copy:.2f}"]
             for lib in libs:
                 if (n, lib) not in got:
                     row += ["-", "-"]
                     continue
                 x = got[(n, lib)]["rows"][i]
                 bw = x["busbw"]
+                native = f"{bw['native']:.2f}"
                 # A rule that is the library's own allreduce is reported as its timing.
-                row += [f"{bw['native']:.2f}",
-                        f"{bw['native']:.2f} (= native)" if x["tuned_choice"] == "native"
-                        else f"{bw['tuned']:.2f} ({bw['tuned'] / bw['native']:.2f}x)"]
-            if "gloo" in columns:
-                row.append(gloo[n].get(label, ["-", "-"])[1])
+                if x["tuned_choice"] == "native":
+                    row += [native, f"{native} (= native)"]
+                else:
+                    tuned = f"{bw['tuned']:.2f}"
+                    row += [native, f"{tuned} ({_ratio(tuned, native):.2f}x)"]
+            if gloo:
+                bw_g = gloo.get(n, {}).get(nbytes)
+                row.append("-" if bw_g is None else f"{bw_g:.2f}")
+            row.append(_peer_target(row, columns, libs, nbytes))
+            verdict.setdefault(size_label(nbytes), []).append(row[-1].split(":")[0])
             rows.append(row)
-    w = r.display_work()
-    data_commands = [
-        "for N in 2 4, in each library's environment L (MPICH: .venv; Open MPI: .venv-ompi, "
-        "with --oversubscribe where N > CPUs; Intel MPI: .venv-impi):",
-        f"L/python -m ringtune.cli tune -np N --out {w}/peers-L-N.yaml {tune} --no-progress",
-        f"L/mpiexec -n N L/python -m mpi4py benchmarks/bench_tuned.py --profile "
-        f"{w}/peers-L-N.yaml --json {w}/peers-L-N.json {sizes}",
-        f"torch-mpiexec -n N torch-python -m mpi4py benchmarks/bench_gloo.py {gloo_args}"]
-    notes.append("busbw GB/s; copy bound = one rank's memcpy of 64 MiB while every rank "
-                 "copies (median over the libraries' runs); ringtune cells: (x that "
-                 "library's default)")
-    return {"columns": columns, "rows": rows, "notes": notes, "commands": data_commands}
+    held = [s for s, v in verdict.items() if all(x == "yes" for x in v)]
+    missed = [s for s, v in verdict.items() if any(x != "yes" for x in v)]
+    notes.append(f"busbw GB/s; copy bound = one rank's memcpy of 64 MiB while every rank "
+                 f"copies (median over the libraries' runs); ringtune cells: (x that "
+                 f"library's default); tuning: `{raw['tune']}`")
+    notes.append(f"target (tuned ringtune >= {PEER_BEST:.1f}x the best library at every size, "
+                 f">= {PEER_OWN:.1f}x its own library at {size_label(PEER_OWN_SIZES[0])}–"
+                 f"{size_label(PEER_OWN_SIZES[1])}; x best = best ringtune cell / best library "
+                 f"cell, x own = the least ringtune cell / its library's, both rounded "
+                 f"down): holds at "
+                 f"{', '.join(held) or 'no size'}; not at {', '.join(missed) or 'no size'}")
+    return {"columns": columns, "rows": rows, "notes": notes}
 
 
 def cost_model(r: Runner) -> dict[str, Any]:
@@ -559,33 +631,74 @@ def shm(r: Runner) -> dict[str, Any]:
     gloo_sizes = ("-b 65536 -e 1048576 --iters 3 --rounds 1" if r.quick
                   else "-b 65536 -e 67108864 -f 4 --rounds 3")
     cpus = len(os.sched_getaffinity(0))
+    runs: list[dict[str, Any]] = []
+    for n in (2, 4):
+        run: dict[str, Any] = {"ranks": n}
+        for key, cmd in (
+                ("mpich", f"mpiexec -n {n} python -m mpi4py benchmarks/bench_shm.py {sizes}"),
+                ("ompi", f"ompi-mpiexec{' --oversubscribe' if n > cpus else ''} -n {n} "
+                         f"ompi-python -m mpi4py benchmarks/bench_shm.py {sizes}"),
+                ("torch", f"torch-mpiexec -n {n} torch-python benchmarks/bench_gloo.py "
+                          f"--ringtune {gloo_sizes}")):
+            js = r.work / f"shm-{key}-{n}.json"
+            js.unlink(missing_ok=True)
+            try:
+                r.sh(f"{cmd} --json {{work}}/{js.name}")
+            except Skip as why:
+                if key == "mpich":
+                    raise
+                print(f"report: a peer's column left out: {why}", file=sys.stderr)
+                continue
+            run[key] = json.loads(js.read_text(encoding="utf-8"))
+        runs.append(run)
+    return {"raw": {"runs": runs}}
+
+
+def _shm_busbw(data: dict[str, Any]) -> dict[int, dict[str, float]]:
+    """bench_shm.py's cells: per size and configuration the median of its rounds."""
+    return {x["bytes"]: {c: statistics.median(v) for c, v in x["busbw_rounds"].items()}
+            for x in data["rows"]}
+
+
+def shm_table(raw: dict[str, Any]) -> dict[str, Any]:
     columns = ["ranks", "size", "MPICH", "Open MPI", "shm", "shm / MPICH", "mr r2 seg",
                "gloo", "ringtune backend", "backend / gloo"]
     rows: list[list[str]] = []
     notes: list[str] = []
-    for n in (2, 4):
-        out = r.sh(f"mpiexec -n {n} python -m mpi4py benchmarks/bench_shm.py {sizes}")
-        header, body = table_with(out, "size")
-        over = " --oversubscribe" if n > cpus else ""
-        ompi = peer_column(r, f"ompi-mpiexec{over} -n {n} ompi-python -m mpi4py "
-                              f"benchmarks/bench_shm.py {sizes}")
-        torch = peer_column(r, f"torch-mpiexec -n {n} torch-python benchmarks/bench_gloo.py "
-                               f"--ringtune {gloo_sizes}")
-        shm_cols = [i for i, h in enumerate(header) if h.startswith("shm ")]
-        for row in body:
-            native = float(row[header.index("native")])
-            best = max(float(row[i]) for i in shm_cols)
-            chunk = header[max(shm_cols, key=lambda i: float(row[i]))][4:]
-            t = torch.get(row[0], [])
-            rows.append([str(n), row[0], row[header.index("native")],
-                         ompi.get(row[0], ["-"])[0], f"{best:.2f} ({chunk})",
-                         f"{best / native:.2f}x", row[header.index("mr r2 seg")],
-                         t[1] if t else "-", t[3] if t else "-", t[4] if t else "-"])
-        notes += [f"{n} ranks: {line}" for line in out.splitlines()
-                  if line.startswith("copy bound")]
-    notes.append("busbw GB/s; MPICH, Open MPI: each library's own MPI_Allreduce; shm: the "
-                 "best of its three chunk sizes (in brackets); gloo and the ringtune backend: "
-                 "torch.distributed all_reduce in one job, interleaved")
+    for run in raw["runs"]:
+        n, mp = run["ranks"], run["mpich"]
+        cells = _shm_busbw(mp)
+        ompi = _shm_busbw(run["ompi"]) if "ompi" in run else {}
+        gl = _gloo_busbw(run["torch"]) if "torch" in run else {}
+        rt = _gloo_busbw(run["torch"], "ringtune") if "torch" in run else {}
+        for nbytes, c in cells.items():
+            native = f"{c['native']:.2f}"
+            chunk = max((k for k in c if k.startswith("shm ") and k != "shm 2c"),
+                        key=lambda k: c[k])
+            best = f"{c[chunk]:.2f}"
+            o = f"{ompi[nbytes]['native']:.2f}" if nbytes in ompi else "-"
+            g = f"{gl[nbytes]:.2f}" if nbytes in gl else "-"
+            b = f"{rt[nbytes]:.2f}" if nbytes in rt else "-"
+            rows.append([str(n), size_label(nbytes), native, o, f"{best} ({chunk[4:]})",
+                         f"{_ratio(best, native):.2f}x", f"{c['mr r2 seg']:.2f}", g, b,
+                         f"{_ratio(b, g):.2f}x" if "-" not in (g, b) else "-"])
+        big, factor = mp["bound_bytes"], 2 * (n - 1) / n
+        ceiling = mp["copy_gbs"] * factor
+        top = max(v for k, v in cells[big].items() if k.startswith("shm ") and k != "shm 2c")
+        ph = mp["passes_s"]
+        passes = ph["copy in"] + ph["reduce"] + ph["copy out"]
+        notes.append(f"{n} ranks: copy bound ({size_label(big)}, every rank copying) "
+                     f"{mp['copy_gbs']:.2f} GB/s, i.e. busbw at most {ceiling:.2f} "
+                     f"(x 2(P-1)/P); best shm reaches {top / ceiling:.0%} of it; the "
+                     f"segment's two-copy passes alone: copy in {ph['copy in'] * 1e3:.1f} ms + "
+                     f"reduce {ph['reduce'] * 1e3:.1f} ms + copy out "
+                     f"{ph['copy out'] * 1e3:.1f} ms = {passes * 1e3:.1f} ms, i.e. at most "
+                     f"{big * factor / passes / 1e9:.2f} GB/s busbw for this design")
+    rounds = raw["runs"][0]["mpich"]["rounds"]
+    notes.append(f"busbw GB/s, medians of {rounds} interleaved rounds; MPICH, Open MPI: each "
+                 "library's own MPI_Allreduce; shm: the best of its three chunk sizes (in "
+                 "brackets); gloo and the ringtune backend: torch.distributed all_reduce in one "
+                 "job, interleaved")
     return {"columns": columns, "rows": rows, "notes": notes}
 
 
@@ -595,10 +708,8 @@ def ddp_torchrun(r: Runner) -> dict[str, Any]:
     (MLP 2300x3, 10.7 M float32 parameters: communication-bound), ABBA rounds so drift hits
     both alike, each job's median step, then the median over jobs."""
     rounds, steps = (1, 10) if r.quick else (3, 40)
-    rows: list[list[str]] = []
-    notes: list[str] = []
+    jobs: list[dict[str, Any]] = []
     for n in (2, 4):
-        got: dict[str, list[float]] = {"gloo": [], "ringtune": []}
         for k in range(rounds):
             order = ("gloo", "ringtune") if k % 2 == 0 else ("ringtune", "gloo")
             for backend in order:
@@ -607,21 +718,31 @@ def ddp_torchrun(r: Runner) -> dict[str, Any]:
                      f" examples/train_digits.py --backend={backend} --hidden 2300 --layers 3"
                      f" --steps {steps} --json {js}")
                 path = r.work / f"ddp-{backend}-{n}-{k}.json"
-                got[backend].append(json.loads(path.read_text(encoding="utf-8"))
-                                    ["median_step_ms"])
-        ours, theirs = (statistics.median(got[b]) for b in ("ringtune", "gloo"))
-        ratios = [g / t for g, t in zip(got["gloo"], got["ringtune"])]
-        rows.append([f"1 host x {n} ranks", f"{ours:.1f}", f"{theirs:.1f}",
-                     f"{theirs / ours:.2f}x"])
-        notes.append(f"{n} ranks: per round gloo / ringtune {min(ratios):.2f}–"
-                     f"{max(ratios):.2f}x over {rounds} rounds of {steps} steps")
+                jobs.append({"ranks": n, "round": k, "backend": backend, "steps": steps,
+                             "result": json.loads(path.read_text(encoding="utf-8"))})
     command = (f"for N in 2 4, for each of {rounds} rounds, B = gloo then ringtune (reversed "
                "in odd rounds): torch-python -m torch.distributed.run --standalone "
                "--nproc-per-node N examples/train_digits.py --backend=B --hidden 2300 "
                f"--layers 3 --steps {steps} --json FILE")
+    return {"raw": {"rounds": rounds, "steps": steps, "jobs": jobs},
+            "commands_shown": [command]}
+
+
+def ddp_torchrun_table(raw: dict[str, Any]) -> dict[str, Any]:
+    rows: list[list[str]] = []
+    notes: list[str] = []
+    for n in sorted({j["ranks"] for j in raw["jobs"]}):
+        got = {b: [j["result"]["median_step_ms"]
+                   for j in sorted(raw["jobs"], key=lambda j: j["round"])
+                   if j["ranks"] == n and j["backend"] == b] for b in ("gloo", "ringtune")}
+        ours = f"{statistics.median(got['ringtune']):.1f}"
+        theirs = f"{statistics.median(got['gloo']):.1f}"
+        ratios = [g / t for g, t in zip(got["gloo"], got["ringtune"])]
+        rows.append([f"1 host x {n} ranks", ours, theirs, f"{_ratio(theirs, ours):.2f}x"])
+        notes.append(f"{n} ranks: per round gloo / ringtune {min(ratios):.2f}–"
+                     f"{max(ratios):.2f}x over {len(ratios)} rounds of {raw['steps']} steps")
     return {"columns": ["job", "ringtune backend (ms/step)", "gloo (ms/step)",
-                        "gloo / ringtune"], "rows": rows, "notes": notes,
-            "commands": [command]}
+                        "gloo / ringtune"], "rows": rows, "notes": notes}
 
 
 @dataclass(frozen=True)
@@ -648,13 +769,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("peers", peers, Plot(
         "lines", "size", ("copy bound", "MPICH", "ringtune on MPICH", "Open MPI",
                           "ringtune on Open MPI", "Intel MPI", "ringtune on Intel MPI", "gloo"),
-        "busbw (GB/s)", group="ranks")),
+        "busbw (GB/s)", group="ranks"), peers_table),
     Scenario("shm", shm, Plot(
         "lines", "size", ("MPICH", "Open MPI", "shm", "mr r2 seg", "gloo",
-                          "ringtune backend"), "busbw (GB/s)", group="ranks")),
+                          "ringtune backend"), "busbw (GB/s)", group="ranks"), shm_table),
     Scenario("ddp-torchrun", ddp_torchrun, Plot(
         "bars", "job", ("gloo / ringtune",), "step time over gloo / ringtune's",
-        xlabel="", log=False, level=("as fast as gloo", 1.0))),
+        xlabel="", log=False, level=("as fast as gloo", 1.0)), ddp_torchrun_table),
     Scenario("cost-model", cost_model, Plot(
         "scatter", "measured (µs)", ("predicted (µs)",), "predicted (µs)",
         xlabel="measured (µs)"), cost_model_table),
@@ -702,8 +823,10 @@ def view(name: str, data: dict[str, Any]) -> dict[str, Any]:
     if "raw" not in data or table is None:
         return data
     prov = data["provenance"]
-    return {**table(data["raw"]), "commands": prov["commands"], "measured": measured(prov),
-            "machine": prov["machine"]}
+    # A scenario that runs one command per library and rank count shows them as a loop
+    # (``commands_shown``); ``commands`` holds each as it ran.
+    return {**table(data["raw"]), "commands": prov.get("commands_shown") or prov["commands"],
+            "measured": measured(prov), "machine": prov["machine"]}
 
 
 def block(name: str, data: dict[str, Any]) -> str:
@@ -893,14 +1016,14 @@ def utc_now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
-def run(names: Sequence[str], quick: bool, out: Path) -> int:
+def run(names: Sequence[str], quick: bool, out: Path, peers_budget: int = PEER_BUDGET) -> int:
     from collectives.plumbing.atomic import write_text_atomic
 
     work = out / "build" / "bench-report" if out == ROOT else out / "work"
     work.mkdir(parents=True, exist_ok=True)
     failed = 0
     for name in names:
-        r = Runner(quick=quick, work=work)
+        r = Runner(quick=quick, work=work, peers_budget=peers_budget)
         start = time.monotonic()
         started, load = utc_now(), os.getloadavg()
         commit, dirty = git_state()
@@ -917,21 +1040,17 @@ def run(names: Sequence[str], quick: bool, out: Path) -> int:
             # Measurements and where they came from; the page's table is computed from
             # them (``view``). Commands: as shown (this installation's paths as tokens:
             # python, mpiexec, ringtune, torch-python, ...) and as run.
+            shown = data.pop("commands_shown", None)
             data = {"provenance": {
-                "commands": r.commands, "ran": r.ran, "started": started,
+                "commands": r.commands, **({"commands_shown": shown} if shown else {}),
+                "ran": r.ran,
+                **({"peers_budget": r.peers_budget} if name == "peers" else {}),
+                "started": started,
                 "finished": utc_now(), "load_before": [round(x, 2) for x in load],
                 "load_after": [round(x, 2) for x in os.getloadavg()],
                 "machine": machine(), "git_commit": commit, "git_dirty": dirty,
                 "quick": quick, "environment": {k: v for k, v in sorted(os.environ.items())
                                                 if k.startswith("RINGTUNE_")}}, **data}
-        else:
-            now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-            # A scenario may state its commands as a loop (``commands`` of its data) where
-            # it runs one per library and rank count; each ran as printed on stderr.
-            data.setdefault("commands", r.commands)
-            data.update(machine=machine(),
-                        measured=f"{now}, load average {load[0]:.1f} at the start"
-                        + (", quick mode (small sizes, few repeats)" if quick else ""))
         path = out / RESULTS / f"{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(str(path), json.dumps(data, indent=1, ensure_ascii=False) + "\n")
@@ -948,6 +1067,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     + ", ".join(SCENARIOS))
     ap.add_argument("--out", default=None, help="write everything under this folder "
                     "instead of replacing the stored data and the page")
+    ap.add_argument("--peers-budget", type=int, default=PEER_BUDGET, metavar="SECONDS",
+                    help="the peers scenario's tuning budget per library and rank count "
+                         f"(default {PEER_BUDGET}; less for a shorter run, recorded with its "
+                         "data and shown in its notes)")
     args = ap.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(SCENARIOS)
     unknown = [n for n in names if n not in SCENARIOS]
@@ -957,7 +1080,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.what == "render":
         render(out)
         return 0
-    return run(names, args.quick, out)
+    return run(names, args.quick, out, args.peers_budget)
 
 
 if __name__ == "__main__":
