@@ -201,16 +201,16 @@ def test_benchmarks_page_is_what_its_stored_results_render() -> None:
         "`python benchmarks/report.py render`")
     for name, data in results.items():
         assert (ROOT / "docs" / "img" / f"{name}.png").is_file(), f"no plot for {name}"
-        if report.SCENARIOS[name].table is not None:
-            # Measurements, not a table: the page's table is computed from them, and they
-            # say where they came from.
-            assert "raw" in data and "rows" not in data, name
-            prov = data["provenance"]
-            for key in ("commands", "ran", "started", "finished", "load_before",
-                        "load_after", "machine", "git_commit"):
-                assert prov.get(key) not in (None, "", []), (name, key)
-            assert len(prov["ran"]) == len(prov["commands"]), name
-            assert all(r["status"] == 0 and r["seconds"] >= 0 for r in prov["ran"]), name
+        # Every scenario (peers, shm and ddp-torchrun too) stores measurements, not a
+        # table: the page's table is computed from them, and they say where they came from.
+        assert report.SCENARIOS[name].table is not None, f"{name} stores no measurements"
+        assert "raw" in data and "rows" not in data, name
+        prov = data["provenance"]
+        for key in ("commands", "ran", "started", "finished", "load_before",
+                    "load_after", "machine", "git_commit"):
+            assert prov.get(key) not in (None, "", []), (name, key)
+        assert len(prov["ran"]) == len(prov["commands"]), name
+        assert all(r["status"] == 0 and r["seconds"] >= 0 for r in prov["ran"]), name
         shown = report.view(name, data)
         assert shown["commands"] and shown["measured"] and shown["machine"], name
         assert all(len(row) == len(shown["columns"]) for row in shown["rows"]), name
