@@ -275,11 +275,17 @@ emulated: install
 # CI's logs showed that lane at about twice the PyTorch one's time, and the run waited on it.
 # At the end, whatever the outcome: the shared-memory segments MPICH leaves when a test
 # kills or aborts a job on purpose are removed (tests/shm_leftovers.py).
+# The unit and CLI suites' scratch goes in a folder of this run's own, removed at the end
+# whatever the outcome: pytest's tmp_path root, and what the torchrun jobs the CLI tests start
+# leave in TMPDIR (torchelastic_*, torchinductor_*), would otherwise stay in /dev/shm.
 test: install
 	@start=$$(date +%s); \
-	$(MAKE) --no-print-directory -j3 --output-sync=target extra-venvs lint gpu unit-cli && \
+	scratch=$$(mktemp -d "$(TEST_TMPDIR)/rt-test-scratch.XXXXXX") || exit 1; \
+	trap 'rm -rf "$$scratch"' EXIT; \
+	$(MAKE) --no-print-directory -j3 --output-sync=target TEST_TMPDIR="$$scratch" \
+	  extra-venvs lint gpu unit-cli && \
 	$(MAKE) --no-print-directory -j2 --output-sync=target lane-mpi lane-torch; \
-	status=$$?; $(PY) tests/shm_leftovers.py --since $$start; exit $$status
+	status=$$?; rm -rf "$$scratch"; $(PY) tests/shm_leftovers.py --since $$start; exit $$status
 
 .PHONY: lane-mpi lane-torch
 # -j1: within a lane one suite at a time (the jobserver of `-j2` would run a lane's suites
