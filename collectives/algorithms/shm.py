@@ -425,14 +425,23 @@ class Shm(Algorithm):
 
     @classmethod
     def cost(cls, model: Any, params: Mapping[str, Any], sizes: Any) -> Any:
-        """One host: the grid cost over every rank. Several: what ``run`` does there —
-        the two-tier grid (shm inside hosts, multiring between), or multiring where the
-        hosts hold different numbers of ranks."""
+        """One host: what the fused run does — from ``SINGLE_COPY_MIN_BYTES`` single copy
+        (a memcpy's traffic per rank, two synchronisations; the model assumes the kernel
+        allows it, as it does between one user's processes unless ptrace is restricted:
+        the run probes it and falls back to the segment, which the tuner then measures),
+        below it the segment's passes over every rank. Several hosts: what ``run`` does
+        there — the two-tier grid (shm inside hosts, multiring between), or multiring where
+        the hosts hold different numbers of ranks."""
         from .hierarchical import auto_dims
 
         dims = auto_dims(tuple(int(h) for h in model.hosts), model.n)
         if len(dims) == 1 and len(set(int(h) for h in model.hosts)) == 1:
-            return cls.grid_cost(model, 1, model.n, sizes, params)
+            region = np.asarray(sizes, dtype=float)
+            # Single copy reads S and writes S per rank (reduce_time charges 3 bytes of
+            # traffic per byte, hence 2/3).
+            single = model.reduce_time(region * 2.0 / 3.0) + 2 * model.over
+            return np.where(region >= SINGLE_COPY_MIN_BYTES, single,
+                            cls.grid_cost(model, 1, model.n, region, params))
         if len(dims) == 2:
             grid = {"dims": dims, "inner": ["shm", "multiring"], "rings": 1,
                     "chunk_bytes": 0}

@@ -423,3 +423,22 @@ def test_concurrent_rings_read_a_measured_curve_at_their_total_size() -> None:
     want = (t + size / 2 / red + 4 * over) + (t + 4 * over)
     got = m.time("multiring", {"rings": 2, "chunk_bytes": 0}, [size])[0]
     assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_shm_models_single_copy_from_its_threshold() -> None:
+    """One host: shm's fused run is single copy from ``SINGLE_COPY_MIN_BYTES`` (a memcpy's
+    traffic per rank, two synchronisations per call), the segment's passes below it (copy
+    in, reduce, copy out; three synchronisations per step)."""
+    from collectives.algorithms.shm import SINGLE_COPY_MIN_BYTES
+
+    n, chunk = 4, 1 << 20
+    m = Model(one_level(n))
+    over, red = 3e-6, 30e9 / 3
+    big = float(SINGLE_COPY_MIN_BYTES)
+    below = big - 4096
+    t_big, t_below = m.time("shm", {"chunk_bytes": chunk}, [big, below])
+    assert t_big == pytest.approx(2 * big / 3 / red + 2 * over, rel=1e-9)
+    passes = below * (2.0 + (n + 1) / n + 2.0 * (n - 1) / n) / 3.0
+    steps = np.ceil(below / (chunk * n))
+    assert t_below == pytest.approx(passes / red + steps * 3 * over, rel=1e-9)
+    assert t_big < t_below
