@@ -19,12 +19,15 @@ takes its slice of each global batch; DDP averages the gradients. ``--backend`` 
 process group's (``ringtune``: its all_reduce runs the profile's choice, the rest is gloo's;
 ``gloo``: gloo's own). ``--hook ringtune`` registers ringtune's comm hook instead, over
 ``Communicator(MPI.COMM_WORLD.Dup())`` under mpiexec or ``Communicator(group.WORLD)`` under
-torchrun; ``--hook none`` (``gloo``) leaves DDP's own allreduce, the backend's. Defaults:
-``--backend ringtune --hook none`` under torchrun, ``--backend gloo --hook ringtune`` under
-mpiexec. Under mpiexec the process group is set up from MPI: rank 0's address and a free
-port are broadcast (``MASTER_ADDR`` overrides the address, e.g. on hosts with several
-interfaces). Rank 0 prints the loss, the test accuracy and the median step time;
-``--json FILE`` writes them, with each step's loss.
+torchrun; ``--hook none`` (``gloo``) leaves DDP's own allreduce, the backend's; ``--hook
+noop`` skips the exchange (torch's ``noop_hook``: the gradients are not averaged, so the
+model is not the one the job would train) — the step's time without communication, the most
+any allreduce could gain, for headroom analysis. Defaults: ``--backend ringtune --hook
+none`` under torchrun, ``--backend gloo --hook ringtune`` under mpiexec. Under mpiexec the
+process group is set up from MPI: rank 0's address and a free port are broadcast
+(``MASTER_ADDR`` overrides the address, e.g. on hosts with several interfaces). Rank 0
+prints the loss, the test accuracy and the median step time; ``--json FILE`` writes them,
+with each step's loss.
 """
 
 from __future__ import annotations
@@ -153,7 +156,8 @@ def wrap(model: nn.Module, hook: str, comm: Any = None, bucket_cap_mb: float = 2
          bucket_view: bool = False, process_group: Any = None) -> tuple[nn.Module, Any]:
     """DDP around ``model`` over ``process_group`` (default: the default group); with
     ``hook='ringtune'`` the ringtune hook averages buckets, with ``gloo``/``none`` DDP's
-    own allreduce (the group's backend's) does. ``bucket_view``: DDP's
+    own allreduce (the group's backend's) does, with ``noop`` nothing is exchanged (the
+    step's compute alone). ``bucket_view``: DDP's
     ``gradient_as_bucket_view`` (gradients live in the buckets: no copy into a bucket
     before its exchange nor back out after it)."""
     ddp = capped_ddp(model, bucket_cap_mb, gradient_as_bucket_view=bucket_view,
@@ -164,8 +168,12 @@ def wrap(model: nn.Module, hook: str, comm: Any = None, bucket_cap_mb: float = 2
 
         state = HookState(comm, staleness=staleness, average_every=average_every)
         ddp.register_comm_hook(state, ddp_hook)
+    elif hook == "noop":
+        from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+
+        ddp.register_comm_hook(None, noop_hook)
     elif hook not in ("gloo", "none"):
-        raise ValueError(f"--hook {hook!r}: use ringtune, gloo or none")
+        raise ValueError(f"--hook {hook!r}: use ringtune, gloo, none or noop")
     return ddp, state
 
 
@@ -285,10 +293,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default=None, choices=("ringtune", "gloo"),
                    help="the process group's backend (default: ringtune under torchrun, "
                    "gloo under mpiexec)")
-    p.add_argument("--hook", default=None, choices=("ringtune", "gloo", "none"),
+    p.add_argument("--hook", default=None, choices=("ringtune", "gloo", "none", "noop"),
                    help="ringtune: ringtune's DDP comm hook; gloo or none: DDP's own "
-                   "allreduce through the backend (default: none under torchrun, ringtune "
-                   "under mpiexec)")
+                   "allreduce through the backend; noop: no exchange at all (the step's "
+                   "compute alone, for headroom analysis) (default: none under torchrun, "
+                   "ringtune under mpiexec)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--hidden", type=int, default=64)

@@ -167,6 +167,25 @@ def test_example_ringtune_backend_tracks_gloo(tmp_path: Path) -> None:
     assert all(abs(x - y) <= 1e-4 * max(1.0, abs(y)) for x, y in zip(a, b)), (a, b)
 
 
+def test_example_noop_hook_exchanges_nothing(tmp_path: Path) -> None:
+    """--hook noop (the headroom arm of the DDP benchmark) runs DDP with no exchange: the
+    first step's loss is the averaged job's (same initial model), later ones differ, since
+    each rank then steps with its own shard's gradient alone."""
+    results = {}
+    for hook in ("noop", "none"):
+        out = tmp_path / f"{hook}.json"
+        res = torchrun([sys.executable, str(ROOT / "examples" / "train_digits.py"),
+                        "--backend", "gloo", "--hook", hook, "--steps", "6",
+                        "--json", str(out)])
+        assert res.returncode == 0, _why(res)
+        assert f"torchrun, gloo backend, {hook} hook, 2 ranks" in res.stdout
+        results[hook] = json.loads(out.read_text())["losses"]
+    noop, averaged = results["noop"], results["none"]
+    assert abs(noop[0] - averaged[0]) <= 1e-6 * max(1.0, abs(averaged[0])), (noop, averaged)
+    assert any(abs(x - y) > 1e-4 * max(1.0, abs(y)) for x, y in zip(noop[1:], averaged[1:])), (
+        noop, averaged)
+
+
 def test_ringtune_group_again_after_destroy(tmp_path: Path) -> None:
     """init_process_group('ringtune') twice in one job (destroy in between): the second
     backend's groups must not meet the first one's keys in the store (a hang or a refused
