@@ -91,7 +91,9 @@ def main() -> None:
         print(f"{nbytes:>10} {med['before']['tuned']:>13.1f} {med['after']['tuned']:>12.1f}"
               f" {ratio:>13.2f} {control:>11.2f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(
+        from collectives.plumbing.atomic import write_text_atomic
+
+        write_text_atomic(args.json, json.dumps(
             {"ranks": args.ranks, "profile": args.profile, "pairs": args.pairs,
              "load": [load_before, load_after], "rows": out}, indent=2) + "\n")
 

@@ -125,12 +125,13 @@ def main() -> int:
                 cells.append(f"{med['gloo'] / med['ringtune']:.2f}x")
             print(f"| {label(nbytes)} | " + " | ".join(cells) + " |", flush=True)
         if args.json:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                json.dump({"ranks": n, "torch": torch.__version__, "iters": args.iters,
-                           "rounds": args.rounds, "arms": list(arms),
-                           "rows": [{"bytes": s, "seconds_rounds": {a: times[(a, s)]
-                                                                    for a in arms}}
-                                    for s in sizes]}, fh, indent=1)
+            from collectives.plumbing.atomic import write_text_atomic
+
+            write_text_atomic(args.json, json.dumps(
+                {"ranks": n, "torch": torch.__version__, "iters": args.iters,
+                 "rounds": args.rounds, "arms": list(arms),
+                 "rows": [{"bytes": s, "seconds_rounds": {a: times[(a, s)] for a in arms}}
+                          for s in sizes]}, indent=1))
     dist.destroy_process_group()
     return 0
 

@@ -112,8 +112,9 @@ def kernel(args: argparse.Namespace) -> dict[str, Any]:
     print(f"# float32 sum at {out['sum_f32_vec_vs_copy']:.0%} of copy bandwidth: {verdict} "
           "the 80% target")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(out, fh, indent=2)
+        from collectives.plumbing.atomic import write_text_atomic
+
+        write_text_atomic(args.json, json.dumps(out, indent=2))
     return out
 
 

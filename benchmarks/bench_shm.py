@@ -170,13 +170,14 @@ def main() -> None:
               f"copy out {bounds['copy out'] * 1e3:.1f} ms = {passes * 1e3:.1f} ms, "
               f"i.e. at most {big * factor / passes / 1e9:.2f} GB/s busbw for this design")
         if args.json:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                json.dump({"ranks": n, "library": lib, "rounds": args.rounds,
-                           "iters": args.iters, "columns": cols, "bound_bytes": big,
-                           "copy_gbs": copy_gbs, "passes_s": bounds, "load_end": float(load),
-                           "rows": [{"bytes": s, "busbw_rounds": {c: cells[(s, c)]
-                                                                  for c in cols}}
-                                    for s in sizes]}, fh, indent=1)
+            from collectives.plumbing.atomic import write_text_atomic
+
+            write_text_atomic(args.json, json.dumps(
+                {"ranks": n, "library": lib, "rounds": args.rounds, "iters": args.iters,
+                 "columns": cols, "bound_bytes": big, "copy_gbs": copy_gbs,
+                 "passes_s": bounds, "load_end": float(load),
+                 "rows": [{"bytes": s, "busbw_rounds": {c: cells[(s, c)] for c in cols}}
+                          for s in sizes]}, indent=1))
     if two is not None:
         two.close()
     comm.close()

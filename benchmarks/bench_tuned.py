@@ -137,9 +137,11 @@ def main() -> int:
             print(f"# target tuned >= 1.3x native at 16 MiB and above: min {min(big):.2f}x -> "
                   f"{'met' if min(big) >= 1.3 else 'NOT met'}")
         if args.json:
-            with open(args.json, "w") as fh:
-                json.dump({"ranks": n, "profile": args.profile, "best_fixed": best_fixed,
-                           "copy_gbs": copy_gbs, "rows": rows}, fh, indent=2)
+            from collectives.plumbing.atomic import write_text_atomic
+
+            write_text_atomic(args.json, json.dumps(
+                {"ranks": n, "profile": args.profile, "best_fixed": best_fixed,
+                 "copy_gbs": copy_gbs, "rows": rows}, indent=2))
     tuned_comm.close()
     comm.close()
     again.close()

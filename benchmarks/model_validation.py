@@ -124,15 +124,16 @@ def main() -> int:
         inside = sum(1 for r in big if 0.65 <= r["ratio"] <= 1.35)
         print(f"\nrows at >= 1 MiB within ±35%: {inside} of {len(big)}")
         if args.json:
-            with open(args.json, "w", encoding="utf-8") as f:
-                json.dump({"calibration": {
-                    "description": cluster.description,
-                    "overhead_us": cluster.overhead_us,
-                    "native_overhead_us": cluster.native_overhead_us,
-                    "page_fault_gbs": cluster.page_fault_gbs,
-                    "p2p_curve_gbs": lv.curve, "memory_curve_gbs": cluster.memory_curve,
-                    "native_memory_curve_gbs": cluster.native_memory_curve},
-                    "rows": rows}, f, indent=1)
+            from collectives.plumbing.atomic import write_text_atomic
+
+            write_text_atomic(args.json, json.dumps({"calibration": {
+                "description": cluster.description,
+                "overhead_us": cluster.overhead_us,
+                "native_overhead_us": cluster.native_overhead_us,
+                "page_fault_gbs": cluster.page_fault_gbs,
+                "p2p_curve_gbs": lv.curve, "memory_curve_gbs": cluster.memory_curve,
+                "native_memory_curve_gbs": cluster.native_memory_curve},
+                "rows": rows}, indent=1))
     return 0
 
 
