@@ -513,6 +513,12 @@ def _gloo_busbw(data: dict[str, Any], arm: str = "gloo") -> dict[int, float]:
             for x in data["rows"]}
 
 
+def _judged(ratio: float) -> float:
+    """A ratio as a target verdict judges and shows it: rounded down to two decimals, so
+    that the figure shown is the one judged (0.997x shows as 0.99x and misses 1.0x)."""
+    return math.floor(ratio * 100 + 1e-9) / 100
+
+
 def _peer_target(row: list[str], columns: list[str], libs: list[str], nbytes: int) -> str:
     """Whether the peer table's target holds at this row, from its cells: the best
     ringtune cell over the best library cell, and (1–16 MiB) each ringtune cell over its
@@ -522,18 +528,14 @@ def _peer_target(row: list[str], columns: list[str], libs: list[str], nbytes: in
     ours = {lib: row[columns.index(f"ringtune on {lib}")] for lib in lib_cells}
     if not lib_cells:
         return "-"
-    def shown(x: float) -> float:
-        # Rounded down, so that the ratio shown is the one judged: 0.997x shows as 0.99x.
-        return math.floor(x * 100 + 1e-9) / 100
-
     best_lib = max(lib_cells.values(), key=lambda c: first_number(c) or 0.0)
     best_ours = max(ours.values(), key=lambda c: first_number(c) or 0.0)
-    vs_best = shown(_ratio(best_ours, best_lib))
+    vs_best = _judged(_ratio(best_ours, best_lib))
     ok = vs_best >= PEER_BEST
     text = f"{vs_best:.2f}x best"
     lo, hi = PEER_OWN_SIZES
     if lo <= nbytes <= hi:
-        own = shown(min(_ratio(ours[lib], lib_cells[lib]) for lib in lib_cells))
+        own = _judged(min(_ratio(ours[lib], lib_cells[lib]) for lib in lib_cells))
         ok = ok and own >= PEER_OWN
         text += f", {own:.2f}x own"
     return ("yes: " if ok else "no: ") + text
@@ -707,23 +709,37 @@ def shm_table(raw: dict[str, Any]) -> dict[str, Any]:
     return {"columns": columns, "rows": rows, "notes": notes}
 
 
+#: The torchrun target of the ``ringtune`` backend over gloo's all_reduce: this many
+#: times over ``BACKEND_MID_SIZES`` (bytes, inclusive), ``BACKEND_EDGE`` times at the
+#: sizes of ``BACKEND_EDGE_SIZES``; other sizes have none.
+BACKEND_MID, BACKEND_MID_SIZES = 4.0, (1 << 20, 16 << 20)
+BACKEND_EDGE, BACKEND_EDGE_SIZES = 3.0, (64 << 10, 64 << 20)
+
+
 def _backend_target(n: int, gloo: dict[int, float], ours: dict[int, float],
                     ceiling: float) -> str:
-    """The torchrun target's verdict at ``n`` ranks from the cells (the ``ringtune``
-    backend >= 4x gloo at 1–16 MiB, >= 3x at 64 KiB and 64 MiB), and where it fails, what
-    it would need against the copy ceiling (busbw no allreduce can pass on this host)."""
+    """The torchrun target's verdict at ``n`` ranks from the cells shown, and where it
+    fails, what it would need against the copy ceiling (busbw no allreduce can pass on
+    this host)."""
+    lo, hi = BACKEND_MID_SIZES
     held, missed = [], []
     for nbytes in sorted(set(gloo) & set(ours)):
-        want = 4.0 if (1 << 20) <= nbytes <= (16 << 20) else 3.0
-        got = float(f"{ours[nbytes]:.2f}") / float(f"{gloo[nbytes]:.2f}")
+        want = (BACKEND_MID if lo <= nbytes <= hi else
+                BACKEND_EDGE if nbytes in BACKEND_EDGE_SIZES else None)
+        if want is None:
+            continue
+        theirs = f"{gloo[nbytes]:.2f}"
+        got = _judged(_ratio(f"{ours[nbytes]:.2f}", theirs))
         if got >= want:
             held.append(size_label(nbytes))
         else:
-            need = want * float(f"{gloo[nbytes]:.2f}")
+            need = want * float(theirs)
             missed.append(f"{size_label(nbytes)} ({got:.2f}x; {want:.0f}x would need "
                           f"{need:.2f} GB/s, {need / ceiling:.0%} of the ceiling)")
-    return (f"{n} ranks, backend / gloo target (>= 4x at 1–16 MiB, >= 3x at 64 KiB and "
-            f"64 MiB; copy ceiling {ceiling:.2f} GB/s busbw): holds at "
+    edges = " and ".join(size_label(b) for b in BACKEND_EDGE_SIZES)
+    return (f"{n} ranks, backend / gloo target (>= {BACKEND_MID:.0f}x at "
+            f"{size_label(lo)}–{size_label(hi)}, >= {BACKEND_EDGE:.0f}x at {edges}, ratios "
+            f"rounded down; copy ceiling {ceiling:.2f} GB/s busbw): holds at "
             f"{', '.join(held) or 'none'}; not at {'; '.join(missed) or 'none'}")
 
 
@@ -756,8 +772,6 @@ def ddp_torchrun(r: Runner) -> dict[str, Any]:
     shown: list[str] = []
     for label, launch, steps, _ in DDP_JOBS:
         steps = min(steps, 6) if r.quick else steps
-        shown.append(f"{launch} examples/train_digits.py ARM {model} --steps {steps} "
-                     "--json FILE")
         try:
             for k in range(rounds):
                 for a in range(len(DDP_ARMS)):
@@ -771,6 +785,9 @@ def ddp_torchrun(r: Runner) -> dict[str, Any]:
         except Skip as why:
             print(f"report: the job {label!r} left out: {why}", file=sys.stderr)
             jobs = [j for j in jobs if j["job"] != label]
+        else:
+            shown.append(f"{launch} examples/train_digits.py ARM {model} --steps {steps} "
+                         "--json FILE")
     arms = ", ".join(f"{arm} = `{flags}`" for arm, flags in DDP_ARMS)
     shown.append(f"ARM, in an order rotated each of {rounds} rounds: {arms}")
     return {"raw": {"rounds": rounds, "jobs": jobs}, "commands_shown": shown}
