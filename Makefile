@@ -285,7 +285,7 @@ test: install
 	$(MAKE) --no-print-directory -j3 --output-sync=target TEST_TMPDIR="$$scratch" \
 	  extra-venvs lint gpu unit-cli && \
 	$(MAKE) --no-print-directory -j2 --output-sync=target lane-mpi lane-torch; \
-	status=$$?; rm -rf "$$scratch"; $(PY) tests/shm_leftovers.py --since $$start; exit $$status
+	status=$$?; $(PY) tests/shm_leftovers.py --since $$start; exit $$status
 
 .PHONY: lane-mpi lane-torch
 # -j1: within a lane one suite at a time (the jobserver of `-j2` would run a lane's suites
