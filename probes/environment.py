@@ -126,6 +126,12 @@ VARIABLES: tuple[Variable, ...] = (
              "`0` turns off the line a rank writes when it leaves through `os._exit` (so "
              "the user sees which rank ended first even when the launcher kills the "
              "others)."),
+    Variable("RINGTUNE_SHM_HUGE_PAGES", "flag", "on",
+             "`shm`'s single copy asks the kernel for huge pages under a buffer the second "
+             "time it meets it (`madvise` `MADV_HUGEPAGE`, `MADV_COLLAPSE`; once per "
+             "buffer, only its whole 2 MiB pages; `collectives/shm/pages.py`): on a torch "
+             "tensor's 4 KiB pages the peers' reads and writes of it took up to 1.4x "
+             "longer. `0` leaves every buffer's pages as they are."),
     Variable("RINGTUNE_CUDA_AWARE", "flag", "detect",
              "`1`/`0`: whether MPI may be given GPU buffers, overriding the detection "
              "(`MPIX_Query_cuda_support`)."),

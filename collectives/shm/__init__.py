@@ -10,6 +10,9 @@ what the algorithm stands on, engine-agnostic (it needs only the communicator ob
   job, communicator or user meets it, mode 0600, checked for room before use, and unlinked
   as soon as every local rank has mapped it (so no exit path, SIGKILL included, leaves it
   in ``/dev/shm``).
+- ``cma``: single-copy reads and writes of a peer's memory (Linux cross-memory attach).
+- ``pages``: huge pages under a buffer that single copy meets again (4 KiB pages make
+  every cross-memory copy of it slower).
 - ``sync``: the per-rank sequence counters inside the segment, the memory fences that make
   them correct on x86 and Arm, and the bounded waits that name the rank they wait for.
 

@@ -246,6 +246,19 @@ def test_report_reads_the_tables_the_scripts_print() -> None:
     assert report.first_number("9.8 (86%, 1.15x)", r"\((\d+(?:\.\d+)?)%") == 86.0
 
 
+def test_peer_notes_name_the_library_cells_above_the_copy_ceiling() -> None:
+    """A peer-table row whose target is missed names each library cell that ran above the
+    copy ceiling (copy bound x 2(P-1)/P), and only those."""
+    report: Any = _report()
+    columns = ["ranks", "size", "copy bound", "MPICH", "ringtune on MPICH", "Open MPI",
+               "ringtune on Open MPI", "target"]
+    row = ["4", "1 MiB", "4.00", "6.10", "6.10 (= native)", "5.90", "5.90 (= native)", "no"]
+    # 4 ranks: ceiling 4.00 x 1.5 = 6.00; MPICH's 6.10 is above it, Open MPI's 5.90 is not.
+    got = report._above_ceiling(row, columns, ["MPICH", "Open MPI"], 4, 4.0)
+    assert got == ["4 ranks 1 MiB MPICH 6.10 GB/s, 102% of 6.00"]
+    assert report._above_ceiling(row, columns, ["Open MPI"], 4, 4.0) == []
+
+
 def test_a_grouped_plot_has_one_panel_per_group(tmp_path: Path) -> None:
     """The peer table's plot has one panel per rank count (its ``group`` column); a plot
     without a group has one."""
