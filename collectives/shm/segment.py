@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import RingtuneError
-from .sync import STRIDE, Flags
+from .sync import STRIDE, Flags, affinity, cpu_each
 
 #: Where POSIX shared memory lives on Linux.
 SHM_DIR = "/dev/shm"
@@ -112,7 +112,7 @@ class Segment:
     (``collectives.shm.cma``), else why not; ``None`` until ``probe_cma()`` asked."""
 
     def __init__(self, mapping: mmap.mmap, name: str, rank: int, size: int, nbytes: int,
-                 names: Any = None, slot_bytes: int = 0) -> None:
+                 names: Any = None, slot_bytes: int = 0, own_cpus: bool | None = None) -> None:
         self.name = name
         self.rank, self.size, self.nbytes = rank, size, nbytes
         self.slot_bytes = slot_bytes
@@ -120,7 +120,7 @@ class Segment:
         self._map = mapping
         words = np.frombuffer(mapping, dtype=np.int64, count=header_words(size),
                               offset=PREAMBLE)
-        self.flags = Flags(words, rank, size, names)
+        self.flags = Flags(words, rank, size, names, own_cpus)
         start = data_offset(size)
         self.data = np.frombuffer(mapping, dtype=np.uint8, count=nbytes, offset=start)
         #: Steps this rank has finished on the segment (every rank runs the same sequence
@@ -260,7 +260,9 @@ def attach_segment(comm: Any, nbytes: int, names: Any = None,
                                 mmap.PROT_READ | mmap.PROT_WRITE)
         except (OSError, ShmUnavailable) as exc:
             outcome = f"rank {rank}: {exc}"
-        outcomes = comm.allgather(outcome)
+        # With each rank's CPUs: whether waits may spin is judged from all of them.
+        gathered = comm.allgather((outcome, affinity()))
+        outcomes = [o for o, _ in gathered]
         # Every rank has mapped it (or failed to): every rank unlinks, so that the name
         # goes even if rank 0 is killed right now.
         _unlink(text)
@@ -275,7 +277,8 @@ def attach_segment(comm: Any, nbytes: int, names: Any = None,
             mapping.close()
         raise ShmUnavailable(f"shared memory: {failed[0]}")
     assert mapping is not None
-    seg = Segment(mapping, str(offers[0][1]), rank, size, nbytes, names, slot_bytes)
+    seg = Segment(mapping, str(offers[0][1]), rank, size, nbytes, names, slot_bytes,
+                  cpu_each([cpus for _, cpus in gathered]))
     seg.flags.register_pid()
     # Every pid is written before anyone waits on a peer: the first wait of the first
     # step already knows whom it waits for.

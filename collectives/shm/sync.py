@@ -47,8 +47,8 @@ DEFAULT_TIMEOUT_S = 1800.0
 #: Seconds between checks that the waited-for ranks' processes are still alive.
 LIVENESS_S = 0.2
 #: Checks made back to back before a wait starts sleeping (about 1 µs each), where every
-#: local rank has a CPU of its own; with more ranks than CPUs a spinning rank takes the
-#: core its peer needs, and waits sleep at once.
+#: local rank has a CPU of its own (``cpu_each``); with more ranks than CPUs a spinning
+#: rank takes the core its peer needs, and waits sleep at once.
 SPIN_CHECKS = 16
 #: Seconds of ``sched_yield`` before a wait starts sleeping. 0: none. Measured on 2 vCPUs
 #: beside other work (2 and 4 ranks, 64 KiB-16 MiB): 2 ms of yielding made calls 1.3-5x
@@ -115,15 +115,42 @@ def process_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
+
+def affinity() -> frozenset[int]:
+    """The CPUs this process may run on (every CPU where the system cannot say)."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def cpu_each(masks: Sequence[frozenset[int]]) -> bool:
+    """Whether each rank can have a CPU of its own, given each rank's ``affinity()``.
+
+    The ranks' union, not one rank's mask: an MPI library that binds each rank to a core
+    (Open MPI's and Intel MPI's default) leaves every rank one CPU, yet every rank has its
+    own — judged from one mask, waits never spun there and the segment's path ran 2-3x
+    slower at 256 KiB-1 MiB than unbound (Open MPI, 2 ranks). Greedy, fewest CPUs first."""
+    used: set[int] = set()
+    for mask in sorted(masks, key=len):
+        free = mask - used
+        if not free:
+            return False
+        used.add(min(free))
+    return True
+
 class Flags:
     """The per-rank counters of one segment, seen by rank ``rank`` of ``size``.
 
+    ``own_cpus``: whether every rank has a CPU of its own (``cpu_each`` of the ranks'
+    ``affinity()``, gathered at attach), which lets waits spin; ``None``: judged from this
+    rank's CPUs alone.
     ``words`` is the segment's int64 header area: ``size * STRIDE`` words of counters,
     then ``size`` words of process ids (each rank writes its own at attach). ``names`` are
     the ranks as messages should name them (world ranks)."""
 
     def __init__(self, words: np.ndarray, rank: int, size: int,
-                 names: Sequence[int] | None = None) -> None:
+                 names: Sequence[int] | None = None, own_cpus: bool | None = None) -> None:
         if words.dtype != np.int64 or words.size < size * (STRIDE + 1):
             raise ValueError(f"counter area of {words.size} int64 words is too small for "
                              f"{size} ranks")
@@ -136,11 +163,9 @@ class Flags:
         self.pids = words[size * STRIDE : size * STRIDE + size]
         self.names = tuple(names) if names is not None else tuple(range(size))
         self.mine = int(self.counters[rank])
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):  # pragma: no cover - not Linux
-            cpus = os.cpu_count() or 1
-        self.spin = SPIN_CHECKS if size <= cpus else 0
+        if own_cpus is None:  # the ranks' CPUs unknown: as if each could run on this one's
+            own_cpus = cpu_each([affinity()] * size)
+        self.spin = SPIN_CHECKS if own_cpus else 0
         timeout = stall_timeout()
         self.timeout = timeout if timeout is not None else DEFAULT_TIMEOUT_S
         self.timeout_source = f"{STALL_ENV}={timeout:g}" if timeout is not None else (

@@ -190,6 +190,45 @@ def _flags(size: int, rank: int) -> Flags:
     return Flags(np.zeros(size * (STRIDE + 1), dtype=np.int64), rank, size, [10, 11, 12])
 
 
+@pytest.mark.parametrize("masks, each", [
+    ([{0, 1}, {0, 1}], True),          # unbound, as many CPUs as ranks
+    ([{0, 1}] * 4, False),             # more ranks than CPUs
+    ([{0}, {1}], True),                # bound to a core each (Open MPI's, Intel MPI's way)
+    ([{0}, {0}], False),               # bound to one core together
+    ([{0, 1}, {0}], True),             # the bound one first: the other takes CPU 1
+    ([{0}, {0, 1}, {1}], False),
+])
+def test_waits_spin_where_each_rank_has_a_cpu_of_its_own(masks: list[set[int]],
+                                                         each: bool) -> None:
+    from collectives.shm.sync import cpu_each
+
+    assert cpu_each([frozenset(m) for m in masks]) is each
+
+
+@pytest.mark.parametrize("bound", ["apart", "together"])
+def test_a_segment_judges_spinning_from_every_ranks_cpus(
+        bound: str, monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:
+    """Each rank bound to one CPU: spinning where the CPUs differ (judged from one rank's
+    mask alone, it never would), not where they are the same."""
+    import threading
+
+    from collectives.shm.sync import SPIN_CHECKS
+
+    def one_cpu() -> frozenset[int]:
+        return frozenset({threading.get_ident() if bound == "apart" else 0})
+
+    monkeypatch.setattr(segmod, "affinity", one_cpu)
+
+    def rank(comm: Any) -> int:
+        seg = attach_segment(comm, 4096)
+        try:
+            return seg.flags.spin
+        finally:
+            seg.close()
+
+    assert inproc.run_ranks(3, rank) == [SPIN_CHECKS if bound == "apart" else 0] * 3
+
+
 def test_a_wait_is_bounded_and_names_the_rank(monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv(STALL_ENV, "0.3")
