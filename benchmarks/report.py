@@ -1185,6 +1185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown scenario(s) {', '.join(unknown)}: use {', '.join(SCENARIOS)}")
     out = Path(args.out).resolve() if args.out else ROOT
+    if args.what == "render" and not out.is_dir():
+        ap.error(f"--out {args.out}: no such folder; create it first")
     if args.what == "render":
         render(out)
         return 0

@@ -115,7 +115,6 @@ def process_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-
 def affinity() -> frozenset[int]:
     """The CPUs this process may run on (every CPU where the system cannot say)."""
     try:
@@ -127,10 +126,10 @@ def affinity() -> frozenset[int]:
 def cpu_each(masks: Sequence[frozenset[int]]) -> bool:
     """Whether each rank can have a CPU of its own, given each rank's ``affinity()``.
 
-    The ranks' union, not one rank's mask: an MPI library that binds each rank to a core
-    (Open MPI's and Intel MPI's default) leaves every rank one CPU, yet every rank has its
-    own — judged from one mask, waits never spun there and the segment's path ran 2-3x
-    slower at 256 KiB-1 MiB than unbound (Open MPI, 2 ranks). Greedy, fewest CPUs first."""
+    Every rank's mask, not one rank's: an MPI library that binds each rank to a core (Open
+    MPI's and Intel MPI's default) leaves every rank one CPU, yet every rank has its own —
+    judged from one mask, waits never spun there and the segment's path ran 2-4x slower at
+    256 KiB-1 MiB than unbound (Open MPI, 2 ranks). Greedy, ranks with fewest CPUs first."""
     used: set[int] = set()
     for mask in sorted(masks, key=len):
         free = mask - used
@@ -138,6 +137,7 @@ def cpu_each(masks: Sequence[frozenset[int]]) -> bool:
             return False
         used.add(min(free))
     return True
+
 
 class Flags:
     """The per-rank counters of one segment, seen by rank ``rank`` of ``size``.
