@@ -507,10 +507,22 @@ def peers(r: Runner) -> dict[str, Any]:
             "commands_shown": shown}
 
 
+def _bus_factor(n: int) -> float:
+    """busbw over algbw for an allreduce of ``n`` ranks: 2(n−1)/n (1 for one rank)."""
+    return 2 * (n - 1) / n if n > 1 else 1.0
+
+
+def _sizes_verdict(held: list[str], missed: list[str], sep: str = ", ") -> str:
+    """"holds at A, B; not at C" from a target's held and missed sizes (``missed`` joined
+    by ``sep``), or "holds at every size: A, B" where none is missed."""
+    if not missed:
+        return f"holds at every size: {', '.join(held)}"
+    return f"holds at {', '.join(held) or 'no size'}; not at {sep.join(missed)}"
+
+
 def _gloo_busbw(data: dict[str, Any], arm: str = "gloo") -> dict[int, float]:
     """bench_gloo.py's busbw (GB/s) per size: the median over rounds of its times."""
-    n = data["ranks"]
-    factor = 2 * (n - 1) / n if n > 1 else 1.0
+    factor = _bus_factor(data["ranks"])
     return {x["bytes"]: x["bytes"] / statistics.median(x["seconds_rounds"][arm]) / 1e9 * factor
             for x in data["rows"]}
 
@@ -596,9 +608,7 @@ def peers_table(raw: dict[str, Any]) -> dict[str, Any]:
                  f">= {PEER_OWN:.1f}x its own library at {size_label(PEER_OWN_SIZES[0])}–"
                  f"{size_label(PEER_OWN_SIZES[1])}; x best = best ringtune cell / best library "
                  f"cell, x own = the least ringtune cell / its library's, both rounded "
-                 f"down): holds at "
-                 + (f"{', '.join(held) or 'no size'}; not at {', '.join(missed)}" if missed
-                    else f"every size: {', '.join(held)}"))
+                 f"down): {_sizes_verdict(held, missed)}")
     if above:
         notes.append("rows not held where a library's own allreduce ran above the copy "
                      "ceiling (copy bound x 2(P-1)/P, from memory; the same buffer, reused "
@@ -609,7 +619,7 @@ def peers_table(raw: dict[str, Any]) -> dict[str, Any]:
 def _above_ceiling(row: list[str], columns: list[str], libs: list[str], ranks: int,
                    copy: float) -> list[str]:
     """The library cells of a peer-table row above the copy ceiling, as note entries."""
-    ceiling = copy * 2 * (ranks - 1) / ranks
+    ceiling = copy * _bus_factor(ranks)
     out = []
     for lib in libs:
         bw = first_number(row[columns.index(lib)])
@@ -710,7 +720,7 @@ def shm_table(raw: dict[str, Any]) -> dict[str, Any]:
             rows.append([str(n), size_label(nbytes), native, o, f"{best} ({chunk[4:]})",
                          f"{_ratio(best, native):.2f}x", f"{c['mr r2 seg']:.2f}", g, b,
                          f"{_ratio(b, g):.2f}x" if "-" not in (g, b) else "-"])
-        big, factor = mp["bound_bytes"], 2 * (n - 1) / n
+        big, factor = mp["bound_bytes"], _bus_factor(n)
         ceiling = mp["copy_gbs"] * factor
         top = max(v for k, v in cells[big].items() if k.startswith("shm ") and k != "shm 2c")
         ph = mp["passes_s"]
@@ -763,8 +773,7 @@ def _backend_target(n: int, gloo: dict[int, float], ours: dict[int, float],
     return (f"{n} ranks, backend / gloo target (>= {BACKEND_MID:.0f}x at "
             f"{size_label(lo)}–{size_label(hi)}, >= {BACKEND_EDGE:.0f}x at {edges}, ratios "
             f"rounded down; copy ceiling {ceiling:.2f} GB/s busbw): "
-            + (f"holds at {', '.join(held) or 'no size'}; not at {'; '.join(missed)}"
-               if missed else f"holds at every size: {', '.join(held)}"))
+            f"{_sizes_verdict(held, missed, '; ')}")
 
 
 #: The DDP jobs: label, how the job starts (the script's arguments follow), steps per job
@@ -833,11 +842,15 @@ def ddp_torchrun_table(raw: dict[str, Any]) -> dict[str, Any]:
         # Per round, the no-exchange step over ringtune's: above 1 where ringtune's came
         # in under the step with no exchange at all (the rounds' spread says if by noise).
         under = [n / t for n, t in zip(got["noop"], got["ringtune"])]
-        verdict = (f"yes (>= {want}x)" if ratio >= want else
-                   f"no (>= {want}x; at most {most:.2f}x: compute alone)" if ratio <= most < want
-                   else f"no (>= {want}x; ringtune's step under the no-exchange one: per "
-                        f"round {min(under):.2f}–{max(under):.2f}x)" if most < want
-                   else f"no (>= {want}x)")
+        if ratio >= want:
+            verdict = f"yes (>= {want}x)"
+        elif most >= want:
+            verdict = f"no (>= {want}x)"
+        elif ratio <= most:
+            verdict = f"no (>= {want}x; at most {most:.2f}x: compute alone)"
+        else:
+            verdict = (f"no (>= {want}x; ringtune's step under the no-exchange one: per "
+                       f"round {min(under):.2f}–{max(under):.2f}x)")
         rows.append([label, ours, theirs, f"{ratio:.2f}x", alone, f"{most:.2f}x", verdict])
         ratios = [g / t for g, t in zip(got["gloo"], got["ringtune"])]
         steps = next(j["steps"] for j in raw["jobs"] if j["job"] == label)
@@ -1185,9 +1198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown scenario(s) {', '.join(unknown)}: use {', '.join(SCENARIOS)}")
     out = Path(args.out).resolve() if args.out else ROOT
-    if args.what == "render" and not out.is_dir():
-        ap.error(f"--out {args.out}: no such folder; create it first")
     if args.what == "render":
+        if not out.is_dir():
+            ap.error(f"--out {args.out}: no such folder; create it first")
         render(out)
         return 0
     return run(names, args.quick, out, args.peers_budget)
